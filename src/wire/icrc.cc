@@ -1,0 +1,145 @@
+#include "wire/icrc.h"
+
+#include <isa-l/crc.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+
+#include "wire/headers.h"
+#include "wire/opcode.h"
+
+namespace softrdma::wire {
+namespace {
+
+constexpr size_t kLrhLen = 8;  // the masked LRH: 8 bytes of 0xFF (IBTA.md 6)
+constexpr size_t kIpv4Len = 20;
+constexpr size_t kIpv4MaxLen = 60;  // with options
+constexpr size_t kIpv6Len = 40;
+constexpr size_t kUdpLen = 8;
+constexpr size_t kBthMaskedByte = 4;  // FECN, BECN, Resv6
+constexpr uint8_t kProtoUdp = 17;
+
+// The masked pseudo header on the stack: LRH, IP, UDP, BTH.
+struct PseudoHeader {
+  uint8_t bytes[kLrhLen + kIpv4MaxLen + kUdpLen + kBthLen];
+  size_t len = 0;
+
+  uint8_t* append(size_t n) {
+    uint8_t* p = bytes + len;
+    len += n;
+    return p;
+  }
+};
+
+// Masks the variant IP fields to ones (IBTA.md 6): IPv4 TOS, TTL, checksum; IPv6 traffic class, flow label,
+// hop limit.
+void mask_ip(uint8_t* ip, bool v6) {
+  if (v6) {
+    ip[0] |= 0x0F;
+    ip[1] = ip[2] = ip[3] = 0xFF;
+    ip[7] = 0xFF;
+  } else {
+    ip[1] = 0xFF;
+    ip[8] = 0xFF;
+    ip[10] = ip[11] = 0xFF;
+  }
+}
+
+void mask_udp(uint8_t* udp) { udp[6] = udp[7] = 0xFF; }
+
+void put_ipv4(uint8_t* p, const Endpoint& src, const Endpoint& dst, uint16_t udp_len) {
+  p[0] = 0x45;
+  store_be16(p + 2, static_cast<uint16_t>(kIpv4Len + udp_len));
+  store_be16(p + 4, 0);       // ID: Linux sends 0 on an unconnected socket with DF
+  store_be16(p + 6, 0x4000);  // DF
+  p[9] = kProtoUdp;
+  std::memcpy(p + 12, &src.addr.raw[12], 4);
+  std::memcpy(p + 16, &dst.addr.raw[12], 4);
+  mask_ip(p, false);
+}
+
+void put_ipv6(uint8_t* p, const Endpoint& src, const Endpoint& dst, uint16_t udp_len) {
+  p[0] = 0x60;
+  store_be16(p + 4, udp_len);  // payload length: UDP header and everything after it
+  p[6] = kProtoUdp;
+  std::memcpy(p + 8, src.addr.raw.data(), 16);
+  std::memcpy(p + 24, dst.addr.raw.data(), 16);
+  mask_ip(p, true);
+}
+
+void put_udp(uint8_t* p, uint16_t sport, uint16_t dport, uint16_t udp_len) {
+  store_be16(p, sport);
+  store_be16(p + 2, dport);
+  store_be16(p + 4, udp_len);
+  mask_udp(p);
+}
+
+}  // namespace
+
+uint32_t crc32(uint32_t crc, const void* data, size_t len) {
+  // ISA-L's gzip CRC is zlib's crc32 (same chaining); it folds with (V)PCLMULQDQ where the CPU has it.
+  return crc32_gzip_refl(crc, static_cast<const unsigned char*>(data), len);
+}
+
+uint32_t icrc_of_ip_packet(std::span<const uint8_t> ip_packet) {
+  assert(!ip_packet.empty());
+  const bool v6 = (ip_packet[0] >> 4) == 6;
+  const size_t ip_len = v6 ? kIpv6Len : size_t{ip_packet[0] & 0xFu} * 4;
+  const size_t hdrs = ip_len + kUdpLen + kBthLen;
+  assert(ip_len >= kIpv4Len && ip_packet.size() >= hdrs);
+
+  PseudoHeader ph;
+  std::memset(ph.append(kLrhLen), 0xFF, kLrhLen);
+  uint8_t* ip = ph.append(hdrs);
+  std::memcpy(ip, ip_packet.data(), hdrs);
+  mask_ip(ip, v6);
+  mask_udp(ip + ip_len);
+  ip[ip_len + kUdpLen + kBthMaskedByte] = 0xFF;
+  const uint32_t crc = crc32(0, ph.bytes, ph.len);
+  return crc32(crc, ip_packet.data() + hdrs, ip_packet.size() - hdrs);
+}
+
+uint32_t icrc_for_udp(const Endpoint& src, const Endpoint& dst,
+                      std::span<const std::span<const uint8_t>> segments) {
+  const bool v4 = src.addr.is_v4();
+  assert(v4 == dst.addr.is_v4());
+  size_t total = 0;
+  for (const auto& s : segments) total += s.size();
+  const auto udp_len = static_cast<uint16_t>(kUdpLen + total + kIcrcLen);
+
+  PseudoHeader ph;
+  std::memset(ph.append(kLrhLen), 0xFF, kLrhLen);
+  uint8_t* ip = ph.append(v4 ? kIpv4Len : kIpv6Len);
+  std::memset(ip, 0, v4 ? kIpv4Len : kIpv6Len);
+  if (v4) {
+    put_ipv4(ip, src, dst, udp_len);
+  } else {
+    put_ipv6(ip, src, dst, udp_len);
+  }
+  put_udp(ph.append(kUdpLen), src.port, dst.port, udp_len);
+
+  // The BTH may straddle segments: gather its 12 bytes, then continue after it.
+  uint8_t* bth = ph.append(kBthLen);
+  size_t seg = 0, off = 0;
+  for (size_t got = 0; got < kBthLen && seg < segments.size();) {
+    const size_t n = std::min(kBthLen - got, segments[seg].size() - off);
+    if (n != 0) std::memcpy(bth + got, segments[seg].data() + off, n);  // data() may be null
+    got += n;
+    off += n;
+    if (off == segments[seg].size()) {
+      ++seg;
+      off = 0;
+    }
+  }
+  assert(total >= kBthLen);
+  bth[kBthMaskedByte] = 0xFF;
+
+  uint32_t crc = crc32(0, ph.bytes, ph.len);
+  for (; seg < segments.size(); ++seg, off = 0) {
+    crc = crc32(crc, segments[seg].data() + off, segments[seg].size() - off);
+  }
+  return crc;
+}
+
+}  // namespace softrdma::wire

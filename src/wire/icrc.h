@@ -1,0 +1,43 @@
+// The RoCEv2 invariant CRC (IBTA.md section 6): CRC-32 (IEEE, as zlib's crc32) over 8 bytes of 0xFF, the
+// IP and UDP headers with their variant fields masked to ones, and the IBTA packet from BTH (byte 4 masked)
+// through the pad. Stored on the wire least-significant byte first.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "wire/addr.h"
+
+namespace softrdma::wire {
+
+// Plain CRC-32 (IEEE 802.3, reflected, init/xorout 0xFFFFFFFF) continued from `crc` as zlib's crc32() does.
+uint32_t crc32(uint32_t crc, const void* data, size_t len);
+
+// ICRC of a packet whose IP header starts `ip_packet` (IPv4 or IPv6 by its version nibble); the span covers
+// IP header .. pad and excludes the 4 ICRC bytes. Used on captured or fully built frames.
+uint32_t icrc_of_ip_packet(std::span<const uint8_t> ip_packet);
+
+// ICRC of a packet sent or received over a UDP socket, where the kernel builds the IP and UDP headers: the
+// headers are reconstructed as Linux sends them from an unconnected socket with DF set (IPv4 ID 0, DF,
+// protocol 17; IPv6 next header 17). `segments` are the bytes from the BTH through the pad, in order (the
+// first one starts with the BTH). The UDP length is derived from their total size plus the ICRC.
+uint32_t icrc_for_udp(const Endpoint& src, const Endpoint& dst, std::span<const std::span<const uint8_t>> segments);
+
+// Convenience for a contiguous BTH..pad buffer.
+inline uint32_t icrc_for_udp(const Endpoint& src, const Endpoint& dst, std::span<const uint8_t> bth_to_pad) {
+  std::span<const uint8_t> one[1] = {bth_to_pad};
+  return icrc_for_udp(src, dst, std::span<const std::span<const uint8_t>>(one, 1));
+}
+
+inline void store_icrc(uint8_t* p, uint32_t icrc) {
+  p[0] = static_cast<uint8_t>(icrc);
+  p[1] = static_cast<uint8_t>(icrc >> 8);
+  p[2] = static_cast<uint8_t>(icrc >> 16);
+  p[3] = static_cast<uint8_t>(icrc >> 24);
+}
+inline uint32_t load_icrc(const uint8_t* p) {
+  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+}
+
+}  // namespace softrdma::wire

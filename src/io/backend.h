@@ -1,0 +1,26 @@
+// The interface every packet backend offers the core: UDP sockets (io/udp) or the in-memory network of the
+// tests (io/sim). A backend owns "ports": UDP ports of the context's address; the upper 16 bits of a QPN
+// are the port of its socket (ARCHITECTURE.md, Addressing), so a peer finds a QP's socket from its QPN.
+#pragma once
+
+#include <cstdint>
+#include <expected>
+
+#include "io/packet.h"
+#include "wire/addr.h"
+
+namespace softrdma::io {
+
+class Backend : public TxSink {
+ public:
+  // Opens a port (0 = any free one); returns its number or an errno.
+  virtual std::expected<uint16_t, int> open_port(uint16_t port) = 0;
+  virtual void close_port(uint16_t port) = 0;
+  // Receives up to `max` packets without blocking. The packets stay valid until the next call.
+  virtual uint32_t rx_burst(RxPacket* out, uint32_t max) = 0;
+  // A file descriptor that is readable when rx_burst has something (-1 for backends polled by hand).
+  virtual int poll_fd() const = 0;
+  virtual const wire::Gid& local_addr() const = 0;
+};
+
+}  // namespace softrdma::io

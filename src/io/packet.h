@@ -1,0 +1,70 @@
+// What moves between the transport and an io/ backend: bursts of packets. The transport builds headers and
+// points at payload memory (registered memory or a WQE's inline copy); the backend adds the pad bytes and
+// the ICRC, and the IP/UDP framing (the kernel's, for io/udp).
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <span>
+
+#include "wire/addr.h"
+
+namespace softrdma::io {
+
+inline constexpr uint32_t kMaxHdr = 64;      // BTH + extension headers (40 at most) with room to spare
+inline constexpr uint32_t kMaxPayloadIov = 16;  // payload pieces per packet (SGE boundaries)
+
+struct TxPacket {
+  wire::Endpoint src;  // local address and the UDP port of the sending socket
+  wire::Endpoint dst;
+  uint32_t hdr_len = 0;
+  uint32_t n_iov = 0;
+  uint32_t payload_len = 0;  // sum of iov lengths
+  uint8_t pad = 0;           // pad bytes (zeros) the backend appends before the ICRC; the BTH already says so
+  alignas(8) uint8_t hdr[kMaxHdr];
+  iovec iov[kMaxPayloadIov];
+};
+
+class TxSink {
+ public:
+  virtual ~TxSink() = default;
+  // Sends every packet, in order. Payload memory need stay valid only until this returns.
+  virtual void tx_burst(std::span<TxPacket> pkts) = 0;
+};
+
+// A batch the transport fills; full batches (and the rest, at the end of a post or of an rx burst) go to
+// the sink in one call, so one syscall carries many packets.
+struct TxBatch {
+  static constexpr uint32_t kMax = 32;
+  TxSink* sink = nullptr;
+  uint32_t n = 0;
+  TxPacket pkts[kMax];
+
+  TxPacket& next() {
+    if (n == kMax) flush();
+    TxPacket& p = pkts[n++];
+    p.n_iov = 0;
+    p.payload_len = 0;
+    p.pad = 0;
+    return p;
+  }
+  void flush() {
+    if (n) {
+      sink->tx_burst(std::span<TxPacket>(pkts, n));
+      n = 0;
+    }
+  }
+};
+
+// A received packet after the backend checked and stripped the ICRC.
+struct RxPacket {
+  wire::Endpoint src;
+  wire::Endpoint dst;
+  uint8_t* data = nullptr;  // the BTH
+  uint32_t len = 0;         // BTH .. pad (no ICRC)
+  uint8_t tos = 0;          // IPv4 TOS / IPv6 traffic class, when known
+  uint8_t ttl = 64;
+};
+
+}  // namespace softrdma::io

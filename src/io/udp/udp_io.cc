@@ -1,0 +1,429 @@
+#include "io/udp/udp_io.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/ip.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+
+#include "io/netif.h"
+#include "wire/icrc.h"
+#include "wire/opcode.h"
+
+namespace softrdma::io {
+namespace {
+
+constexpr uint32_t kMinPacket = wire::kBthLen + wire::kIcrcLen;
+// Largest UDP payload over IPv4 (65535 - 20 - 8); the IPv6 limit is larger but the same bound serves.
+constexpr uint32_t kMaxUdpPayload = 65507;
+constexpr uint8_t kZeros[4] = {};
+// pktinfo (the largest is in6_pktinfo) + TOS/traffic class + TTL/hop limit.
+constexpr size_t kRxCtrlLen = CMSG_SPACE(sizeof(in6_pktinfo)) + 2 * CMSG_SPACE(sizeof(int)) + 32;
+
+union SockAddr {
+  sockaddr sa;
+  sockaddr_in v4;
+  sockaddr_in6 v6;
+};
+
+bool is_link_local6(const wire::Gid& g) { return g.raw[0] == 0xFE && (g.raw[1] & 0xC0) == 0x80; }
+
+socklen_t to_sockaddr(const wire::Endpoint& ep, bool v4, uint32_t scope_id, SockAddr* out) {
+  if (v4) {
+    out->v4 = sockaddr_in{};
+    out->v4.sin_family = AF_INET;
+    out->v4.sin_port = htons(ep.port);
+    out->v4.sin_addr.s_addr = ep.addr.v4_be();
+    return sizeof(sockaddr_in);
+  }
+  out->v6 = sockaddr_in6{};
+  out->v6.sin6_family = AF_INET6;
+  out->v6.sin6_port = htons(ep.port);
+  std::memcpy(&out->v6.sin6_addr, ep.addr.raw.data(), 16);
+  if (is_link_local6(ep.addr)) out->v6.sin6_scope_id = scope_id;
+  return sizeof(sockaddr_in6);
+}
+
+wire::Endpoint from_sockaddr(const SockAddr& a) {
+  wire::Endpoint ep;
+  if (a.sa.sa_family == AF_INET) {
+    ep.addr = wire::Gid::from_v4(a.v4.sin_addr.s_addr);
+    ep.port = ntohs(a.v4.sin_port);
+  } else {
+    std::memcpy(ep.addr.raw.data(), &a.v6.sin6_addr, 16);
+    ep.port = ntohs(a.v6.sin6_port);
+  }
+  return ep;
+}
+
+void set_int_opt(int fd, int level, int name, int value) {
+  // Best effort: every option here has a fallback or only adds information.
+  (void)setsockopt(fd, level, name, &value, sizeof value);
+}
+
+void set_buffer(int fd, int force_opt, int opt, int bytes) {
+  if (setsockopt(fd, SOL_SOCKET, force_opt, &bytes, sizeof bytes) == 0) return;
+  (void)setsockopt(fd, SOL_SOCKET, opt, &bytes, sizeof bytes);
+}
+
+}  // namespace
+
+struct UdpIo::Socket {
+  int fd = -1;
+  uint16_t port = 0;
+  std::unique_ptr<uint8_t[]> bufs;  // kRxBatch x kRxBufSize
+  mmsghdr msgs[kRxBatch];
+  iovec iov[kRxBatch];
+  SockAddr names[kRxBatch];
+  alignas(cmsghdr) uint8_t ctrl[kRxBatch][kRxCtrlLen];
+};
+
+struct UdpIo::TxScratch {
+  mmsghdr msgs[kTxChunk];
+  iovec iov[kTxChunk][kMaxPayloadIov + 2];  // header, payload pieces, pad + ICRC
+  SockAddr names[kTxChunk];
+  uint8_t trailer[kTxChunk][8];
+  uint32_t len[kTxChunk];  // UDP payload bytes of each message
+};
+
+UdpIo::UdpIo(const wire::Gid& local_addr, uint32_t scope_id, Counters* counters)
+    : local_addr_(local_addr),
+      v4_(local_addr.is_v4()),
+      scope_id_(scope_id),
+      counters_(counters != nullptr ? counters : &own_counters_) {}
+
+UdpIo::~UdpIo() {
+  for (auto& s : sockets_) close(s->fd);
+  if (epfd_ >= 0) close(epfd_);
+}
+
+std::expected<std::unique_ptr<UdpIo>, int> UdpIo::create(const wire::Gid& local_addr, Counters* counters) {
+  if (local_addr.is_zero()) return std::unexpected(EINVAL);
+  uint32_t scope_id = 0;
+  if (!local_addr.is_v4() && is_link_local6(local_addr)) {
+    for (const auto& nif : list_interfaces()) {
+      for (const auto& a : nif.ipv6) {
+        if (a.addr == local_addr)
+          scope_id = a.scope_id != 0 ? a.scope_id : static_cast<uint32_t>(nif.ifindex);
+      }
+    }
+    if (scope_id == 0) return std::unexpected(EADDRNOTAVAIL);
+  }
+  std::unique_ptr<UdpIo> io(new (std::nothrow) UdpIo(local_addr, scope_id, counters));
+  if (!io) return std::unexpected(ENOMEM);
+  io->tx_.reset(new (std::nothrow) TxScratch);
+  if (!io->tx_) return std::unexpected(ENOMEM);
+  io->epfd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (io->epfd_ < 0) return std::unexpected(errno);
+  return io;
+}
+
+std::expected<uint16_t, int> UdpIo::open_port(uint16_t port) {
+  std::unique_ptr<Socket> s(new (std::nothrow) Socket);
+  if (!s) return std::unexpected(ENOMEM);
+  s->bufs.reset(new (std::nothrow) uint8_t[size_t{kRxBatch} * kRxBufSize]);
+  if (!s->bufs) return std::unexpected(ENOMEM);
+
+  const int fd = socket(v4_ ? AF_INET : AF_INET6, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, IPPROTO_UDP);
+  if (fd < 0) return std::unexpected(errno);
+  auto fail = [fd](int err) {
+    close(fd);
+    return std::unexpected(err);
+  };
+
+  // DF and, from an unconnected socket, IP ID 0: the ICRC is computed before sendmsg assuming both.
+  if (v4_) {
+    int pmtu = IP_PMTUDISC_DO;
+    if (setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu) != 0) return fail(errno);
+    set_int_opt(fd, IPPROTO_IP, IP_PKTINFO, 1);
+    set_int_opt(fd, IPPROTO_IP, IP_RECVTOS, 1);
+    set_int_opt(fd, IPPROTO_IP, IP_RECVTTL, 1);
+  } else {
+    int pmtu = IPV6_PMTUDISC_DO;
+    if (setsockopt(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu, sizeof pmtu) != 0) return fail(errno);
+    set_int_opt(fd, IPPROTO_IPV6, IPV6_DONTFRAG, 1);  // no fragment header: the ICRC assumes none
+    set_int_opt(fd, IPPROTO_IPV6, IPV6_V6ONLY, 1);
+    set_int_opt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, 1);
+    set_int_opt(fd, IPPROTO_IPV6, IPV6_RECVTCLASS, 1);
+    set_int_opt(fd, IPPROTO_IPV6, IPV6_RECVHOPLIMIT, 1);
+  }
+  set_buffer(fd, SO_SNDBUFFORCE, SO_SNDBUF, kSocketBufBytes);
+  set_buffer(fd, SO_RCVBUFFORCE, SO_RCVBUF, kSocketBufBytes);
+
+  SockAddr addr;
+  const socklen_t alen = to_sockaddr(wire::Endpoint{local_addr_, port}, v4_, scope_id_, &addr);
+  if (bind(fd, &addr.sa, alen) != 0) return fail(errno);
+  SockAddr bound;
+  socklen_t blen = sizeof bound;
+  if (getsockname(fd, &bound.sa, &blen) != 0) return fail(errno);
+  const uint16_t bound_port = from_sockaddr(bound).port;
+
+  s->fd = fd;
+  s->port = bound_port;
+  for (uint32_t i = 0; i < kRxBatch; ++i) {
+    s->iov[i] = iovec{s->bufs.get() + size_t{i} * kRxBufSize, kRxBufSize};
+    msghdr& h = s->msgs[i].msg_hdr;
+    h = msghdr{};
+    h.msg_name = &s->names[i];
+    h.msg_iov = &s->iov[i];
+    h.msg_iovlen = 1;
+    h.msg_control = s->ctrl[i];
+  }
+
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = s.get();
+  if (epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) != 0) return fail(errno);
+
+  std::lock_guard lock(tx_mu_);
+  sockets_.push_back(std::move(s));
+  return bound_port;
+}
+
+void UdpIo::close_port(uint16_t port) {
+  std::lock_guard lock(tx_mu_);
+  for (auto it = sockets_.begin(); it != sockets_.end(); ++it) {
+    if ((*it)->port != port) continue;
+    epoll_ctl(epfd_, EPOLL_CTL_DEL, (*it)->fd, nullptr);
+    close((*it)->fd);
+    if (tx_last_ == it->get()) tx_last_ = nullptr;
+    sockets_.erase(it);
+    rx_rr_ = 0;
+    return;
+  }
+}
+
+UdpIo::Socket* UdpIo::find_socket(uint16_t port) {
+  if (tx_last_ != nullptr && tx_last_->port == port) return tx_last_;
+  for (auto& s : sockets_) {
+    if (s->port == port) return tx_last_ = s.get();
+  }
+  return nullptr;
+}
+
+// ---- Transmit ----
+
+void UdpIo::tx_burst(std::span<TxPacket> pkts) {
+  std::lock_guard lock(tx_mu_);
+  TxScratch& t = *tx_;
+  uint64_t dropped = 0;
+  size_t i = 0;
+  while (i < pkts.size()) {
+    Socket* s = find_socket(pkts[i].src.port);
+    if (s == nullptr) {
+      ++dropped;
+      ++i;
+      continue;
+    }
+    const wire::Endpoint src{local_addr_, s->port};
+    uint32_t m = 0;
+    for (; i < pkts.size() && m < kTxChunk && pkts[i].src.port == s->port; ++i) {
+      TxPacket& p = pkts[i];
+      if (fault_tx(p) == FaultVerdict::kDrop) {
+        counters_->add(Counter::drop_injected);
+        continue;
+      }
+      const uint32_t pad = p.pad & 3u;
+      if (p.hdr_len < wire::kBthLen || p.hdr_len > kMaxHdr || p.n_iov > kMaxPayloadIov ||
+          p.dst.addr.is_v4() != v4_) {
+        ++dropped;
+        continue;
+      }
+      // Segments covered by the ICRC: header, payload pieces, pad zeros.
+      std::span<const uint8_t> segs[kMaxPayloadIov + 2];
+      iovec* iov = t.iov[m];
+      uint32_t nseg = 0;
+      uint64_t len = p.hdr_len;
+      iov[0] = iovec{p.hdr, p.hdr_len};
+      segs[nseg++] = std::span<const uint8_t>(p.hdr, p.hdr_len);
+      for (uint32_t k = 0; k < p.n_iov; ++k) {
+        iov[1 + k] = p.iov[k];
+        segs[nseg++] =
+            std::span<const uint8_t>(static_cast<const uint8_t*>(p.iov[k].iov_base), p.iov[k].iov_len);
+        len += p.iov[k].iov_len;
+      }
+      if (pad != 0) segs[nseg++] = std::span<const uint8_t>(kZeros, pad);
+      len += pad + wire::kIcrcLen;
+      if (len > kMaxUdpPayload) {
+        ++dropped;
+        continue;
+      }
+      const uint32_t icrc =
+          wire::icrc_for_udp(src, p.dst, std::span<const std::span<const uint8_t>>(segs, nseg));
+      uint8_t* trailer = t.trailer[m];
+      std::memset(trailer, 0, pad);
+      wire::store_icrc(trailer + pad, icrc);
+      iov[1 + p.n_iov] = iovec{trailer, pad + wire::kIcrcLen};
+
+      msghdr& h = t.msgs[m].msg_hdr;
+      h = msghdr{};
+      h.msg_name = &t.names[m];
+      h.msg_namelen = to_sockaddr(p.dst, v4_, scope_id_, &t.names[m]);
+      h.msg_iov = iov;
+      h.msg_iovlen = p.n_iov + 2;
+      t.len[m] = static_cast<uint32_t>(len);
+      ++m;
+    }
+    if (m != 0) send_chunk(*s, m);
+  }
+  if (dropped != 0) tx_dropped_.fetch_add(dropped, std::memory_order_relaxed);
+}
+
+// Sends t.msgs[0, n) on `s`; partial sends continue, EAGAIN/ENOBUFS waits briefly, other errors drop the
+// message at fault and go on.
+void UdpIo::send_chunk(Socket& s, uint32_t n) {
+  TxScratch& t = *tx_;
+  uint32_t sent = 0;
+  uint64_t packets = 0, bytes = 0, dropped = 0;
+  int stalls = 0;
+  while (sent < n) {
+    const int r = sendmmsg(s.fd, t.msgs + sent, n - sent, MSG_DONTWAIT);
+    if (r > 0) {
+      for (uint32_t k = sent; k < sent + static_cast<uint32_t>(r); ++k) bytes += t.len[k];
+      packets += static_cast<uint32_t>(r);
+      sent += static_cast<uint32_t>(r);
+      stalls = 0;
+      continue;
+    }
+    const int err = r < 0 ? errno : EAGAIN;
+    if (err == EINTR) continue;
+    if (err == EAGAIN || err == EWOULDBLOCK || err == ENOBUFS) {
+      if (++stalls > kTxStallRetries) {
+        dropped += n - sent;
+        break;
+      }
+      if (err == ENOBUFS) {  // a full device queue: the socket still polls writable, so just wait
+        timespec ts{0, kTxStallPollMs * 1000000L};
+        nanosleep(&ts, nullptr);
+      } else {
+        pollfd pfd{s.fd, POLLOUT, 0};
+        (void)poll(&pfd, 1, kTxStallPollMs);
+      }
+      continue;
+    }
+    // EMSGSIZE (beyond the path MTU with DF), EHOSTUNREACH, ENETUNREACH, EINVAL ...: this message only.
+    ++dropped;
+    ++sent;
+  }
+  if (packets != 0) {
+    counters_->add(Counter::tx_packets, packets);
+    counters_->add(Counter::tx_bytes, bytes);
+  }
+  if (dropped != 0) tx_dropped_.fetch_add(dropped, std::memory_order_relaxed);
+}
+
+// ---- Receive ----
+
+uint32_t UdpIo::rx_burst(RxPacket* out, uint32_t max) {
+  const size_t n = sockets_.size();
+  if (n == 0 || max == 0) return 0;
+  uint32_t got = 0;
+  if (n <= kDirectRecvMaxSockets) {
+    for (size_t k = 0; k < n && got < max; ++k)
+      got += recv_socket(*sockets_[(rx_rr_ + k) % n], out + got, max - got);
+    rx_rr_ = (rx_rr_ + 1) % n;
+    return got;
+  }
+  // Many sockets: ask epoll which are readable (its ready list rotates, which spreads the work).
+  epoll_event ev[64];
+  const int k = epoll_wait(epfd_, ev, 64, 0);
+  for (int j = 0; j < k && got < max; ++j) {
+    got += recv_socket(*static_cast<Socket*>(ev[j].data.ptr), out + got, max - got);
+  }
+  return got;
+}
+
+uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room) {
+  const uint32_t vlen = std::min(room, kRxBatch);
+  for (uint32_t i = 0; i < vlen; ++i) {
+    msghdr& h = s.msgs[i].msg_hdr;
+    h.msg_namelen = sizeof(SockAddr);
+    h.msg_controllen = kRxCtrlLen;
+    h.msg_flags = 0;
+  }
+  int r;
+  do {
+    r = recvmmsg(s.fd, s.msgs, vlen, MSG_DONTWAIT | MSG_TRUNC, nullptr);
+  } while (r < 0 && errno == EINTR);
+  if (r <= 0) return 0;
+
+  uint32_t got = 0;
+  uint64_t bytes = 0, truncated = 0, bad_icrc = 0, oversize = 0;
+  for (int i = 0; i < r; ++i) {
+    const msghdr& h = s.msgs[i].msg_hdr;
+    const uint32_t len = s.msgs[i].msg_len;  // the datagram's real size (MSG_TRUNC)
+    if ((h.msg_flags & MSG_TRUNC) != 0 || len > kRxBufSize) {
+      ++oversize;
+      continue;
+    }
+    if (len < kMinPacket) {
+      ++truncated;
+      continue;
+    }
+    RxPacket& p = out[got];
+    p.src = from_sockaddr(s.names[i]);
+    p.dst = wire::Endpoint{local_addr_, s.port};
+    p.tos = 0;
+    p.ttl = 64;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr; c = CMSG_NXTHDR(const_cast<msghdr*>(&h), c)) {
+      const uint8_t* d = CMSG_DATA(c);
+      int v = 0;
+      if (c->cmsg_level == IPPROTO_IP) {
+        if (c->cmsg_type == IP_PKTINFO) {
+          in_pktinfo pi;
+          std::memcpy(&pi, d, sizeof pi);
+          p.dst.addr = wire::Gid::from_v4(pi.ipi_addr.s_addr);
+        } else if (c->cmsg_type == IP_TOS) {
+          p.tos = *d;
+        } else if (c->cmsg_type == IP_TTL) {
+          std::memcpy(&v, d, sizeof v);
+          p.ttl = static_cast<uint8_t>(v);
+        }
+      } else if (c->cmsg_level == IPPROTO_IPV6) {
+        if (c->cmsg_type == IPV6_PKTINFO) {
+          in6_pktinfo pi;
+          std::memcpy(&pi, d, sizeof pi);
+          std::memcpy(p.dst.addr.raw.data(), &pi.ipi6_addr, 16);
+        } else if (c->cmsg_type == IPV6_TCLASS) {
+          std::memcpy(&v, d, sizeof v);
+          p.tos = static_cast<uint8_t>(v);
+        } else if (c->cmsg_type == IPV6_HOPLIMIT) {
+          std::memcpy(&v, d, sizeof v);
+          p.ttl = static_cast<uint8_t>(v);
+        }
+      }
+    }
+    uint8_t* data = static_cast<uint8_t*>(s.iov[i].iov_base);
+    const uint32_t body = len - wire::kIcrcLen;
+    if (wire::icrc_for_udp(p.src, p.dst, std::span<const uint8_t>(data, body)) !=
+        wire::load_icrc(data + body)) {
+      ++bad_icrc;
+      continue;
+    }
+    p.data = data;
+    p.len = body;
+    if (fault_rx(p) == FaultVerdict::kDrop) {
+      counters_->add(Counter::drop_injected);
+      continue;
+    }
+    bytes += len;
+    ++got;
+  }
+  if (got != 0) {
+    counters_->add(Counter::rx_packets, got);
+    counters_->add(Counter::rx_bytes, bytes);
+  }
+  if (truncated != 0) counters_->add(Counter::drop_truncated, truncated);
+  if (bad_icrc != 0) counters_->add(Counter::drop_bad_icrc, bad_icrc);
+  if (oversize != 0) rx_oversize_.fetch_add(oversize, std::memory_order_relaxed);
+  return got;
+}
+
+}  // namespace softrdma::io

@@ -1,0 +1,108 @@
+// The RoCEv2 backend: the UDP sockets of one context, all bound to one local address (ARCHITECTURE.md
+// "Addressing and many processes per host"). The kernel builds the IP and UDP headers; this file adds the
+// pad and the ICRC on send and checks and strips them on receive. Bursts: one sendmmsg for consecutive
+// packets of one socket, one recvmmsg per socket per rx_burst. Implements io::Backend.
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <cstdint>
+#include <expected>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "core/counters.h"
+#include "io/backend.h"
+#include "io/packet.h"
+#include "wire/addr.h"
+
+namespace softrdma::io {
+
+class UdpIo : public Backend {
+ public:
+  // Receive ring of each socket: kRxBatch buffers of kRxBufSize bytes, allocated at open_port (576 KiB).
+  // kRxBufSize holds a 9000-byte jumbo datagram; RoCEv2 packets are at most 4096 + 64 + 3 + 4 bytes.
+  static constexpr uint32_t kRxBatch = 64;
+  static constexpr uint32_t kRxBufSize = 9216;
+  // Packets per sendmmsg.
+  static constexpr uint32_t kTxChunk = 64;
+  // Requested SO_SNDBUF/SO_RCVBUF (the kernel doubles it; without CAP_NET_ADMIN, capped at
+  // net.core.{w,r}mem_max).
+  static constexpr int kSocketBufBytes = 4 << 20;
+  // When the kernel says EAGAIN/ENOBUFS: wait up to kTxStallPollMs for POLLOUT, at most kTxStallRetries
+  // times without progress, then drop the rest of the chunk.
+  static constexpr int kTxStallRetries = 20;
+  static constexpr int kTxStallPollMs = 1;
+  // With more sockets than this, rx_burst asks epoll which ones are readable instead of trying each.
+  static constexpr size_t kDirectRecvMaxSockets = 2;
+
+  // `counters` may be null (then the object keeps its own block). `local_addr`: an IPv4-mapped GID binds
+  // AF_INET sockets, anything else AF_INET6 (link-local addresses get the interface's scope id).
+  static std::expected<std::unique_ptr<UdpIo>, int /*errno*/> create(const wire::Gid& local_addr,
+                                                                     Counters* counters);
+  ~UdpIo() override;
+  UdpIo(const UdpIo&) = delete;
+  UdpIo& operator=(const UdpIo&) = delete;
+
+  // Binds a new non-blocking socket at `port` (0: ephemeral; wire::kRoceV2Port: standard mode) and returns
+  // the bound port. Control path: serialize with rx_burst (tx_burst may run concurrently).
+  std::expected<uint16_t, int /*errno*/> open_port(uint16_t port) override;
+  void close_port(uint16_t port) override;
+
+  // Readable (level-triggered) whenever a socket has data; nest it in another epoll.
+  int poll_fd() const override { return epfd_; }
+
+  // Frames and sends every packet, in order, on the socket whose port is pkt.src.port (the source address
+  // is always local_addr()). Thread-safe; never blocks for more than about kTxStallRetries *
+  // kTxStallPollMs per stall. Packets that cannot be sent are dropped and counted (tx_dropped()).
+  void tx_burst(std::span<TxPacket> pkts) override;
+
+  // Receives up to `max` verified packets without blocking. out[i].data points into this object's
+  // buffers and stays valid until the next rx_burst call. One caller at a time.
+  uint32_t rx_burst(RxPacket* out, uint32_t max) override;
+
+  const wire::Gid& local_addr() const override { return local_addr_; }
+  size_t num_ports() const { return sockets_.size(); }
+  // Drops with no counter in core/counters.h yet.
+  uint64_t tx_dropped() const { return tx_dropped_.load(std::memory_order_relaxed); }
+  uint64_t rx_oversize() const { return rx_oversize_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Socket;
+  struct TxScratch;
+
+  UdpIo(const wire::Gid& local_addr, uint32_t scope_id, Counters* counters);
+  Socket* find_socket(uint16_t port);
+  uint32_t recv_socket(Socket& s, RxPacket* out, uint32_t room);
+  void send_chunk(Socket& s, uint32_t n);
+
+  // ---- Fault injection hook (ARCHITECTURE.md "Reliability"): NOT IMPLEMENTED YET. ----
+  // tx_burst calls fault_tx() for each packet before framing it and rx_burst calls fault_rx() for each
+  // packet that passed the ICRC check. A fault injector (drop, duplicate, reorder, corrupt; configured by a
+  // setting; drops counted as Counter::drop_injected) replaces these no-ops.
+  enum class FaultVerdict { kPass, kDrop };
+  FaultVerdict fault_tx(const TxPacket&) { return FaultVerdict::kPass; }
+  FaultVerdict fault_rx(const RxPacket&) { return FaultVerdict::kPass; }
+
+  const wire::Gid local_addr_;
+  const bool v4_;
+  const uint32_t scope_id_;  // for a link-local IPv6 local_addr
+  Counters own_counters_;
+  Counters* const counters_;
+  int epfd_ = -1;
+  std::vector<std::unique_ptr<Socket>> sockets_;
+  size_t rx_rr_ = 0;  // round-robin start for rx_burst
+
+  std::mutex tx_mu_;  // guards tx_ (the sendmmsg arrays) and the socket list against open/close
+  std::unique_ptr<TxScratch> tx_;
+  Socket* tx_last_ = nullptr;  // last socket tx_burst used (under tx_mu_)
+
+  std::atomic<uint64_t> tx_dropped_{0};
+  std::atomic<uint64_t> rx_oversize_{0};
+};
+
+}  // namespace softrdma::io

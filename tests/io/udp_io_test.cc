@@ -1,0 +1,457 @@
+#include "io/udp/udp_io.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <vector>
+
+#include "wire/headers.h"
+#include "wire/icrc.h"
+
+namespace softrdma::io {
+namespace {
+
+using Bytes = std::vector<uint8_t>;
+using Clock = std::chrono::steady_clock;
+
+wire::Gid addr(const char* text) {
+  wire::Gid g;
+  EXPECT_TRUE(wire::Gid::parse(text, &g));
+  return g;
+}
+
+struct Peer {
+  Counters counters;
+  std::unique_ptr<UdpIo> io;
+  std::vector<uint16_t> ports;
+  wire::Endpoint ep(size_t i = 0) const { return wire::Endpoint{io->local_addr(), ports.at(i)}; }
+};
+
+// A UdpIo on `local` with `nports` ephemeral ports; null if the address is not usable here.
+std::unique_ptr<Peer> make_peer(const char* local, int nports = 1) {
+  auto p = std::make_unique<Peer>();
+  auto io = UdpIo::create(addr(local), &p->counters);
+  if (!io) {
+    ADD_FAILURE() << "create: " << std::strerror(io.error());
+    return nullptr;
+  }
+  p->io = std::move(*io);
+  for (int i = 0; i < nports; ++i) {
+    auto port = p->io->open_port(0);
+    if (!port) return nullptr;
+    EXPECT_NE(*port, 0);
+    p->ports.push_back(*port);
+  }
+  return p;
+}
+
+uint64_t count(const Peer& p, Counter c) { return p.counters.get(c); }
+
+// BTH of an RC SEND_ONLY with the pad count and PSN; `hdr_len` - 12 more header bytes follow (a pattern).
+void fill_header(TxPacket& p, uint32_t psn, uint32_t hdr_len, uint8_t pad) {
+  std::memset(p.hdr, 0, sizeof p.hdr);
+  p.hdr[0] = 0x04;
+  p.hdr[1] = static_cast<uint8_t>(pad << 4);
+  wire::store_be16(p.hdr + 2, 0xFFFF);
+  wire::store_be24(p.hdr + 5, 0x000111);
+  p.hdr[8] = 0x80;
+  wire::store_be24(p.hdr + 9, psn);
+  for (uint32_t i = 12; i < hdr_len; ++i) p.hdr[i] = static_cast<uint8_t>(i * 7 + psn);
+  p.hdr_len = hdr_len;
+}
+
+// Points the packet's payload at `payload`, cut into `n_iov` uneven pieces (some empty when short).
+void attach(TxPacket& p, const Bytes& payload, uint32_t n_iov) {
+  p.n_iov = n_iov;
+  p.payload_len = static_cast<uint32_t>(payload.size());
+  size_t off = 0;
+  for (uint32_t k = 0; k < n_iov; ++k) {
+    size_t len = k + 1 == n_iov
+                     ? payload.size() - off
+                     : std::min(payload.size() - off, (payload.size() * (k + 1)) / (2 * n_iov) + k);
+    p.iov[k] = iovec{const_cast<uint8_t*>(payload.data()) + off, len};
+    off += len;
+  }
+}
+
+Bytes expected_bytes(const TxPacket& p) {
+  Bytes b(p.hdr, p.hdr + p.hdr_len);
+  for (uint32_t k = 0; k < p.n_iov; ++k) {
+    const auto* s = static_cast<const uint8_t*>(p.iov[k].iov_base);
+    b.insert(b.end(), s, s + p.iov[k].iov_len);
+  }
+  b.insert(b.end(), p.pad, 0);
+  return b;
+}
+
+Bytes pattern(size_t n, uint32_t seed) {
+  Bytes b(n);
+  for (size_t i = 0; i < n; ++i) b[i] = static_cast<uint8_t>(seed * 131 + i * 17 + (i >> 8));
+  return b;
+}
+
+struct Received {
+  wire::Endpoint src, dst;
+  uint8_t tos, ttl;
+  Bytes data;
+};
+
+// Receives until `want` packets arrived or `timeout_ms` passed, sleeping in poll on poll_fd().
+std::vector<Received> receive(UdpIo& io, size_t want, int timeout_ms = 5000) {
+  std::vector<Received> got;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  RxPacket rx[48];
+  while (got.size() < want && Clock::now() < deadline) {
+    const uint32_t n = io.rx_burst(rx, 48);
+    for (uint32_t i = 0; i < n; ++i) {
+      got.push_back(
+          Received{rx[i].src, rx[i].dst, rx[i].tos, rx[i].ttl, Bytes(rx[i].data, rx[i].data + rx[i].len)});
+    }
+    if (n == 0) {
+      pollfd pfd{io.poll_fd(), POLLIN, 0};
+      poll(&pfd, 1, 20);
+    }
+  }
+  return got;
+}
+
+int default_ttl() {
+  std::ifstream f("/proc/sys/net/ipv4/ip_default_ttl");
+  int ttl = 64;
+  f >> ttl;
+  return ttl;
+}
+
+TEST(UdpIoTest, CreateAndPortErrors) {
+  EXPECT_EQ(UdpIo::create(wire::Gid{}, nullptr).error(), EINVAL);
+  auto a = make_peer("127.0.0.1");
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->io->num_ports(), 1u);
+  EXPECT_GE(a->io->poll_fd(), 0);
+  auto again = a->io->open_port(a->ports[0]);
+  ASSERT_FALSE(again.has_value());
+  EXPECT_EQ(again.error(), EADDRINUSE);
+  // A second object cannot take the port either (no SO_REUSEPORT: one socket per port).
+  auto b = make_peer("127.0.0.1", 0);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->io->open_port(a->ports[0]).error(), EADDRINUSE);
+  EXPECT_EQ(b->io->num_ports(), 0u);
+}
+
+TEST(UdpIoTest, ExchangesBurstsWithEveryIovSplitAndPad) {
+  auto a = make_peer("127.0.0.1");
+  auto b = make_peer("127.0.0.1");
+  ASSERT_TRUE(a && b);
+
+  const size_t sizes[] = {0, 1, 3, 7, 64, 1024, 4093, 4096};
+  const uint32_t splits[] = {0, 1, 2, 3, kMaxPayloadIov};
+  const uint32_t hdr_lens[] = {12, 28, 44};
+  std::vector<Bytes> payloads;
+  std::vector<TxPacket> pkts;
+  payloads.reserve(200);
+  pkts.reserve(200);
+  uint32_t psn = 0;
+  for (size_t size : sizes) {
+    for (uint32_t split : splits) {
+      if (split == 0 && size != 0) continue;
+      if (split != 0 && size == 0 && split != 1) continue;
+      payloads.push_back(pattern(size, psn));
+      TxPacket& p = pkts.emplace_back();
+      const auto pad = static_cast<uint8_t>(psn % 4);
+      fill_header(p, psn, hdr_lens[psn % 3], pad);
+      p.src = a->ep();
+      p.dst = b->ep();
+      attach(p, payloads.back(), split);
+      p.pad = pad;
+      ++psn;
+    }
+  }
+  a->io->tx_burst(pkts);
+  EXPECT_EQ(a->io->tx_dropped(), 0u);
+  EXPECT_EQ(count(*a, Counter::tx_packets), pkts.size());
+
+  const auto got = receive(*b->io, pkts.size());
+  ASSERT_EQ(got.size(), pkts.size());
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < pkts.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(got[i].data, expected_bytes(pkts[i]));
+    EXPECT_EQ(got[i].src, a->ep());
+    EXPECT_EQ(got[i].dst, b->ep());
+    EXPECT_EQ(got[i].tos, 0);
+    EXPECT_EQ(got[i].ttl, default_ttl());
+    bytes += got[i].data.size() + wire::kIcrcLen;
+  }
+  EXPECT_EQ(count(*b, Counter::rx_packets), pkts.size());
+  EXPECT_EQ(count(*b, Counter::rx_bytes), bytes);
+  EXPECT_EQ(count(*a, Counter::tx_bytes), bytes);
+  EXPECT_EQ(count(*b, Counter::drop_bad_icrc), 0u);
+  EXPECT_EQ(count(*b, Counter::drop_truncated), 0u);
+}
+
+TEST(UdpIoTest, BurstOf200ArrivesComplete) {
+  auto a = make_peer("127.0.0.1");
+  auto b = make_peer("127.0.0.1");
+  ASSERT_TRUE(a && b);
+  const Bytes payload = pattern(1024, 9);
+  std::vector<TxPacket> pkts(200);
+  for (uint32_t i = 0; i < pkts.size(); ++i) {
+    fill_header(pkts[i], i, 12, static_cast<uint8_t>(i & 3));
+    pkts[i].src = a->ep();
+    pkts[i].dst = b->ep();
+    pkts[i].pad = static_cast<uint8_t>(i & 3);
+    attach(pkts[i], payload, 1 + i % 4);
+  }
+  a->io->tx_burst(pkts);
+  const auto got = receive(*b->io, pkts.size(), 10000);
+  ASSERT_EQ(got.size(), pkts.size());
+  for (uint32_t i = 0; i < got.size(); ++i) {
+    ASSERT_GE(got[i].data.size(), 12u);
+    EXPECT_EQ(wire::load_be24(got[i].data.data() + 9), i);
+    EXPECT_EQ(got[i].data.size(), 12 + payload.size() + (i & 3));
+  }
+  EXPECT_EQ(count(*a, Counter::tx_packets), 200u);
+  EXPECT_EQ(count(*b, Counter::rx_packets), 200u);
+  EXPECT_EQ(count(*a, Counter::tx_bytes), count(*b, Counter::rx_bytes));
+}
+
+TEST(UdpIoTest, ManyPortsBothWays) {
+  // Four receiving ports take rx_burst through epoll (more than kDirectRecvMaxSockets).
+  auto a = make_peer("127.0.0.1", 2);
+  auto b = make_peer("127.0.0.1", 4);
+  ASSERT_TRUE(a && b);
+  static_assert(UdpIo::kDirectRecvMaxSockets < 4);
+  const Bytes payload = pattern(100, 3);
+  std::vector<TxPacket> pkts(40);
+  for (uint32_t i = 0; i < pkts.size(); ++i) {
+    fill_header(pkts[i], i, 12, 0);
+    pkts[i].src = a->ep((i / 3) % 2);  // runs of the same socket, then a switch
+    pkts[i].dst = b->ep(i % 4);
+    attach(pkts[i], payload, 1);
+  }
+  a->io->tx_burst(pkts);
+  auto got = receive(*b->io, pkts.size());
+  ASSERT_EQ(got.size(), pkts.size());
+  std::vector<bool> seen(pkts.size());
+  for (const auto& r : got) {
+    const uint32_t psn = wire::load_be24(r.data.data() + 9);
+    ASSERT_LT(psn, pkts.size());
+    EXPECT_FALSE(seen[psn]);
+    seen[psn] = true;
+    EXPECT_EQ(r.src, pkts[psn].src);
+    EXPECT_EQ(r.dst, pkts[psn].dst);
+  }
+
+  // And back, from b's ports to a's.
+  for (uint32_t i = 0; i < 8; ++i) {
+    std::swap(pkts[i].src, pkts[i].dst);
+  }
+  b->io->tx_burst(std::span<TxPacket>(pkts.data(), 8));
+  got = receive(*a->io, 8);
+  ASSERT_EQ(got.size(), 8u);
+  EXPECT_EQ(count(*b, Counter::tx_packets), 8u);
+}
+
+TEST(UdpIoTest, PollFdSignalsData) {
+  auto a = make_peer("127.0.0.1");
+  auto b = make_peer("127.0.0.1");
+  ASSERT_TRUE(a && b);
+  pollfd pfd{b->io->poll_fd(), POLLIN, 0};
+  EXPECT_EQ(poll(&pfd, 1, 0), 0);
+  TxPacket p;
+  fill_header(p, 5, 12, 0);
+  p.src = a->ep();
+  p.dst = b->ep();
+  a->io->tx_burst(std::span<TxPacket>(&p, 1));
+  EXPECT_EQ(poll(&pfd, 1, 2000), 1);
+  EXPECT_EQ(receive(*b->io, 1).size(), 1u);
+  EXPECT_EQ(poll(&pfd, 1, 0), 0);
+}
+
+TEST(UdpIoTest, TxDropsWhatItCannotSend) {
+  auto a = make_peer("127.0.0.1", 2);
+  auto b = make_peer("127.0.0.1");
+  ASSERT_TRUE(a && b);
+  TxPacket p[4];
+  for (auto& q : p) {
+    fill_header(q, 1, 12, 0);
+    q.src = a->ep();
+    q.dst = b->ep();
+  }
+  p[0].src.port = static_cast<uint16_t>(a->ports[0] ^ a->ports[1] ^ 1);  // no such socket
+  p[1].dst.addr = addr("::1");                                           // IPv6 peer from an IPv4 socket
+  p[2].hdr_len = 8;                                                      // shorter than a BTH
+  a->io->tx_burst(p);
+  EXPECT_EQ(a->io->tx_dropped(), 3u);
+  EXPECT_EQ(count(*a, Counter::tx_packets), 1u);
+  EXPECT_EQ(receive(*b->io, 1).size(), 1u);
+
+  // A closed port sends nothing.
+  a->io->close_port(a->ports[1]);
+  EXPECT_EQ(a->io->num_ports(), 1u);
+  p[3].src = a->ep(1);
+  a->io->tx_burst(std::span<TxPacket>(&p[3], 1));
+  EXPECT_EQ(a->io->tx_dropped(), 4u);
+}
+
+// A plain UDP socket on 127.0.0.1 with DF (as the ICRC assumes), to send hand-made datagrams.
+class RawSender {
+ public:
+  RawSender() {
+    fd_ = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    int pmtu = IP_PMTUDISC_DO;
+    setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
+    sockaddr_in sin{};
+    sin.sin_family = AF_INET;
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&sin), sizeof sin), 0);
+    socklen_t len = sizeof sin;
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&sin), &len);
+    port_ = ntohs(sin.sin_port);
+  }
+  ~RawSender() { close(fd_); }
+  wire::Endpoint ep() const { return wire::Endpoint{addr("127.0.0.1"), port_}; }
+
+  void send(const wire::Endpoint& dst, const Bytes& b) {
+    sockaddr_in sin{};
+    sin.sin_family = AF_INET;
+    sin.sin_port = htons(dst.port);
+    sin.sin_addr.s_addr = dst.addr.v4_be();
+    ASSERT_EQ(sendto(fd_, b.data(), b.size(), 0, reinterpret_cast<sockaddr*>(&sin), sizeof sin),
+              static_cast<ssize_t>(b.size()));
+  }
+  // BTH + payload + correct ICRC as sent from this socket to `dst`.
+  Bytes packet(const wire::Endpoint& dst, uint32_t psn, size_t payload) const {
+    TxPacket p;
+    fill_header(p, psn, 12, 0);
+    Bytes b(p.hdr, p.hdr + 12);
+    const Bytes pl = pattern(payload, psn);
+    b.insert(b.end(), pl.begin(), pl.end());
+    const uint32_t icrc = wire::icrc_for_udp(ep(), dst, std::span<const uint8_t>(b));
+    b.resize(b.size() + 4);
+    wire::store_icrc(b.data() + b.size() - 4, icrc);
+    return b;
+  }
+
+ private:
+  int fd_ = -1;
+  uint16_t port_ = 0;
+};
+
+TEST(UdpIoTest, DropsBadIcrcTruncatedAndOversize) {
+  auto b = make_peer("127.0.0.1");
+  ASSERT_TRUE(b);
+  RawSender s;
+  const wire::Endpoint dst = b->ep();
+
+  const Bytes good = s.packet(dst, 1, 32);
+  Bytes bad_payload = good;
+  bad_payload[20] ^= 0x01;
+  Bytes bad_icrc = good;
+  bad_icrc.back() ^= 0x80;
+  Bytes bad_psn = good;
+  bad_psn[11] ^= 0x01;
+  Bytes fecn = good;  // FECN/BECN are masked out of the ICRC: still valid
+  fecn[4] |= 0xC0;
+  const Bytes tiny(11, 0xAB);
+  const Bytes bth_no_icrc(good.begin(), good.begin() + 15);
+  const Bytes oversize(UdpIo::kRxBufSize + 1, 0x5A);
+  const Bytes minimal = s.packet(dst, 2, 0);  // BTH + ICRC: 16 bytes, the smallest valid packet
+
+  for (const Bytes* b2 : std::initializer_list<const Bytes*>{&bad_payload, &tiny, &bad_icrc, &bth_no_icrc,
+                                                             &oversize, &bad_psn, &good, &fecn, &minimal}) {
+    s.send(dst, *b2);
+  }
+  const auto got = receive(*b->io, 3);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0].data, Bytes(good.begin(), good.end() - 4));
+  EXPECT_EQ(got[0].src, s.ep());
+  EXPECT_EQ(got[1].data, Bytes(fecn.begin(), fecn.end() - 4));
+  EXPECT_EQ(got[2].data.size(), 12u);
+  EXPECT_EQ(count(*b, Counter::drop_bad_icrc), 3u);
+  EXPECT_EQ(count(*b, Counter::drop_truncated), 2u);
+  EXPECT_EQ(b->io->rx_oversize(), 1u);
+  EXPECT_EQ(count(*b, Counter::rx_packets), 3u);
+}
+
+// The ICRC is computed before sendmsg assuming what Linux puts in the IP header (ID 0, DF); check that on
+// the packet as it crosses lo, captured with a raw socket and checked by the IP-packet ICRC routine.
+TEST(UdpIoTest, KernelHeadersMatchTheIcrc) {
+  const int raw = socket(AF_INET, SOCK_RAW | SOCK_CLOEXEC | SOCK_NONBLOCK, IPPROTO_UDP);
+  if (raw < 0) GTEST_SKIP() << "no raw socket: " << std::strerror(errno);
+  auto a = make_peer("127.0.0.1");
+  auto b = make_peer("127.0.0.1");
+  ASSERT_TRUE(a && b);
+  const Bytes payload = pattern(1000, 77);
+  TxPacket p[2];
+  for (uint32_t i = 0; i < 2; ++i) {
+    fill_header(p[i], 0x123456 + i, 28, static_cast<uint8_t>(i * 3));
+    p[i].pad = static_cast<uint8_t>(i * 3);
+    p[i].src = a->ep();
+    p[i].dst = b->ep();
+    attach(p[i], payload, 3);
+  }
+  a->io->tx_burst(p);
+  int checked = 0;
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  uint8_t buf[65536];
+  while (checked < 2 && Clock::now() < deadline) {
+    pollfd pfd{raw, POLLIN, 0};
+    poll(&pfd, 1, 50);
+    const ssize_t n = recv(raw, buf, sizeof buf, 0);
+    if (n < 20 + 8) continue;
+    const size_t ihl = (buf[0] & 0xF) * 4u;
+    if (wire::load_be16(buf + ihl) != a->ports[0] || wire::load_be16(buf + ihl + 2) != b->ports[0]) continue;
+    SCOPED_TRACE(checked);
+    EXPECT_EQ(ihl, 20u);
+    EXPECT_EQ(wire::load_be16(buf + 4), 0) << "IP ID";
+    EXPECT_EQ(wire::load_be16(buf + 6), 0x4000) << "DF, no fragment";
+    const auto ip = std::span<const uint8_t>(buf, static_cast<size_t>(n));
+    EXPECT_EQ(wire::icrc_of_ip_packet(ip.first(ip.size() - 4)), wire::load_icrc(buf + n - 4));
+    const Bytes want = expected_bytes(p[checked]);
+    EXPECT_EQ(Bytes(buf + ihl + 8, buf + n - 4), want);
+    ++checked;
+  }
+  close(raw);
+  EXPECT_EQ(checked, 2);
+  EXPECT_EQ(receive(*b->io, 2).size(), 2u);
+}
+
+TEST(UdpIoTest, Ipv6Loopback) {
+  auto probe = UdpIo::create(addr("::1"), nullptr);
+  ASSERT_TRUE(probe.has_value());
+  if (!(*probe)->open_port(0)) GTEST_SKIP() << "::1 not available";
+  auto a = make_peer("::1");
+  auto b = make_peer("::1");
+  ASSERT_TRUE(a && b);
+  const Bytes payload = pattern(333, 1);
+  std::vector<TxPacket> pkts(4);
+  for (uint32_t i = 0; i < pkts.size(); ++i) {
+    fill_header(pkts[i], i, 12, static_cast<uint8_t>(i));
+    pkts[i].pad = static_cast<uint8_t>(i);
+    pkts[i].src = a->ep();
+    pkts[i].dst = b->ep();
+    attach(pkts[i], payload, i + 1);
+  }
+  a->io->tx_burst(pkts);
+  const auto got = receive(*b->io, pkts.size());
+  ASSERT_EQ(got.size(), pkts.size());
+  for (uint32_t i = 0; i < pkts.size(); ++i) {
+    EXPECT_EQ(got[i].data, expected_bytes(pkts[i]));
+    EXPECT_EQ(got[i].src, a->ep());
+    EXPECT_EQ(got[i].dst, b->ep());
+    EXPECT_EQ(got[i].dst.addr.to_string(), "::1");
+  }
+  EXPECT_EQ(count(*b, Counter::drop_bad_icrc), 0u);
+}
+
+}  // namespace
+}  // namespace softrdma::io

@@ -1,0 +1,294 @@
+#include "core/context.h"
+
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <ctime>
+
+#include "transport/transport.h"
+
+namespace softrdma::core {
+
+using wire::PacketView;
+
+Nanos Context::now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return Nanos(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
+}
+
+Context::Context(io::Backend* backend, Counters* counters, const ContextConfig& cfg)
+    : backend_(backend), counters_(counters), cfg_(cfg), blocks_(new std::atomic<QpBlock*>[65536]) {
+  for (uint32_t i = 0; i < 65536; ++i) blocks_[i].store(nullptr, std::memory_order_relaxed);
+  async_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK | EFD_SEMAPHORE);
+}
+
+Context::~Context() {
+  for (Qp* qp : qps_) delete qp;
+  for (uint32_t i = 0; i < 65536; ++i) delete blocks_[i].load();
+  if (async_fd_ >= 0) close(async_fd_);
+}
+
+std::expected<Pd*, int> Context::alloc_pd() {
+  Pd* pd = new Pd;
+  pd->ctx = this;
+  return pd;
+}
+
+int Context::dealloc_pd(Pd* pd) {
+  if (pd->users.load() != 0) return EBUSY;
+  delete pd;
+  return 0;
+}
+
+std::expected<Mr*, int> Context::reg_mr(Pd* pd, void* addr, uint64_t length, uint64_t iova, uint32_t access) {
+  // Remote write or atomic access needs local write (rdma-core/the IBTA), as does any write by the NIC.
+  if ((access & (kRemoteWrite | kRemoteAtomic)) && !(access & kLocalWrite)) return std::unexpected(EINVAL);
+  if (!addr && length) return std::unexpected(EINVAL);
+  auto mr = mrs_.add(pd, addr, length, iova, access);
+  if (mr) pd->users.fetch_add(1);
+  return mr;
+}
+
+int Context::dereg_mr(Mr* mr) {
+  Pd* pd = mr->pd;
+  if (int err = mrs_.remove(mr)) return err;
+  pd->users.fetch_sub(1);
+  return 0;
+}
+
+std::expected<Cq*, int> Context::create_cq(uint32_t cqe, CompChannel* channel, void* user_context) {
+  if (cqe < 1 || cqe > kMaxCqe) return std::unexpected(EINVAL);
+  if (channel) channel->users.fetch_add(1);
+  return new Cq(this, cqe, channel, user_context);
+}
+
+int Context::destroy_cq(Cq* cq) {
+  if (cq->users.load() != 0) return EBUSY;
+  if (cq->channel()) cq->channel()->users.fetch_sub(1);
+  delete cq;
+  return 0;
+}
+
+std::expected<Srq*, int> Context::create_srq(Pd* pd, uint32_t max_wr, uint32_t max_sge, uint32_t limit) {
+  if (max_wr < 1 || max_wr > kMaxQpWr || max_sge < 1 || max_sge > kMaxSge || limit > max_wr)
+    return std::unexpected(EINVAL);
+  pd->users.fetch_add(1);
+  return new Srq(this, pd, max_wr, max_sge, limit, nullptr);
+}
+
+int Context::destroy_srq(Srq* srq) {
+  if (srq->users.load() != 0) return EBUSY;
+  srq->pd()->users.fetch_sub(1);
+  delete srq;
+  return 0;
+}
+
+std::expected<uint32_t, int> Context::alloc_qpn() {
+  // QPN = port << 8 | slot: each port owns 256 QPNs, and a peer finds the port from the QPN.
+  for (uint16_t port : ports_) {
+    QpBlock* b = blocks_[port].load();
+    for (uint32_t i = (port == 0 ? 2 : 0); i < 256; ++i)
+      if (!b->qp[i].load()) return uint32_t{port} << 8 | i;
+  }
+  uint16_t port;
+  if (cfg_.standard_port) {
+    if (ports_.empty() && !backend_->open_port(wire::kRoceV2Port)) return std::unexpected(EADDRINUSE);
+    port = next_virtual_port_++;  // QPN blocks only; every QP shares the 4791 socket
+  } else {
+    auto p = backend_->open_port(0);
+    if (!p) return std::unexpected(p.error());
+    port = *p;
+  }
+  if (port == 0xFFFF) return std::unexpected(ENOMEM);  // QPN 0xFFFFxx would reach the multicast QPN
+  blocks_[port].store(new QpBlock);
+  ports_.push_back(port);
+  return uint32_t{port} << 8;
+}
+
+std::expected<Qp*, int> Context::create_qp(Pd* pd, const QpInitAttr& init) {
+  const QpCap& c = init.cap;
+  if (!init.send_cq || !init.recv_cq || c.max_send_wr > kMaxQpWr || c.max_recv_wr > kMaxQpWr ||
+      c.max_send_sge > kMaxSge || c.max_recv_sge > kMaxSge || c.max_inline_data > kMaxInline)
+    return std::unexpected(EINVAL);
+  if (init.type != QpType::kRc && init.type != QpType::kUc && init.type != QpType::kUd)
+    return std::unexpected(EOPNOTSUPP);
+  std::lock_guard g(mu_);
+  auto qpn = alloc_qpn();
+  if (!qpn) return std::unexpected(qpn.error());
+  const uint16_t port = cfg_.standard_port ? wire::kRoceV2Port : static_cast<uint16_t>(*qpn >> 8);
+  Qp* qp = new Qp(this, pd, *qpn, port, init);
+  blocks_[*qpn >> 8].load()->qp[*qpn & 0xFF].store(qp, std::memory_order_release);
+  qps_.push_back(qp);
+  pd->users.fetch_add(1);
+  init.send_cq->users.fetch_add(1);
+  init.recv_cq->users.fetch_add(1);
+  if (init.srq) init.srq->users.fetch_add(1);
+  qp_count_.fetch_add(1);
+  return qp;
+}
+
+int Context::destroy_qp(Qp* qp) {
+  {
+    std::lock_guard g(mu_);
+    blocks_[qp->qpn() >> 8].load()->qp[qp->qpn() & 0xFF].store(nullptr, std::memory_order_seq_cst);
+    std::erase(qps_, qp);
+  }
+  // The driver of this context may be handling a packet of this QP right now: wait for it to finish.
+  const uint64_t gen = driver_gen_.load(std::memory_order_seq_cst);
+  if (gen & 1) {
+    while (driver_gen_.load(std::memory_order_acquire) == gen) std::this_thread::yield();
+  }
+  const QpInitAttr& init = qp->init();
+  qp->pd()->users.fetch_sub(1);
+  init.send_cq->users.fetch_sub(1);
+  init.recv_cq->users.fetch_sub(1);
+  if (init.srq) init.srq->users.fetch_sub(1);
+  qp_count_.fetch_sub(1);
+  delete qp;
+  return 0;
+}
+
+std::expected<Ah*, int> Context::create_ah(Pd* pd, const AhAttr& attr) {
+  if (attr.port_num != 1) return std::unexpected(EINVAL);
+  Ah* ah = new Ah;
+  ah->pd = pd;
+  ah->attr = attr;
+  pd->users.fetch_add(1);
+  return ah;
+}
+
+int Context::destroy_ah(Ah* ah) {
+  ah->pd->users.fetch_sub(1);
+  delete ah;
+  return 0;
+}
+
+Qp* Context::find_qp(uint32_t qpn) const {
+  QpBlock* b = blocks_[(qpn >> 8) & 0xFFFF].load(std::memory_order_acquire);
+  return b ? b->qp[qpn & 0xFF].load(std::memory_order_acquire) : nullptr;
+}
+
+void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now) {
+  driver_gen_.fetch_add(1, std::memory_order_seq_cst);  // odd: busy
+  Counters& c = *counters_;
+  Qp* touched[io::TxBatch::kMax * 2];
+  uint32_t n_touched = 0;
+  for (io::RxPacket& rx : pkts) {
+    PacketView v(rx.data, rx.len);
+    if (rx.len < wire::kBthLen) {
+      c.add(Counter::drop_truncated);
+      continue;
+    }
+    const wire::OpcodeInfo& oi = v.info();
+    if (!oi.has(wire::kValid)) {
+      c.add(Counter::drop_bad_opcode);
+      continue;
+    }
+    if (!v.valid_length()) {
+      c.add(Counter::drop_truncated);
+      continue;
+    }
+    // P_Key: only the default partition exists (IBTA.md 7, P_Key check).
+    if (v.tver() != 0 || (v.pkey() & 0x7FFF) != 0x7FFF) {
+      c.add(Counter::drop_bad_header);
+      continue;
+    }
+    Qp* qp = find_qp(v.dest_qpn());
+    if (!qp) {
+      c.add(Counter::drop_no_qp);
+      continue;
+    }
+    const wire::Transport t = wire::transport_of(v.opcode());
+    const QpType type = qp->type();
+    if ((type == QpType::kRc && t != wire::Transport::kRc) || (type == QpType::kUc && t != wire::Transport::kUc) ||
+        (type == QpType::kUd && t != wire::Transport::kUd)) {
+      c.add(Counter::drop_bad_opcode);
+      continue;
+    }
+    std::lock_guard g(qp->lock());
+    const QpState st = qp->state();
+    if (type != QpType::kUd) {
+      // A connected QP accepts packets only from its peer.
+      const wire::Endpoint& peer = qp->peer();
+      if (rx.src.addr != peer.addr || (!cfg_.standard_port && rx.src.port != peer.port)) {
+        c.add(Counter::drop_wrong_peer);
+        continue;
+      }
+    }
+    if (oi.has(wire::kRequest)) {
+      if (st != QpState::kRtr && st != QpState::kRts && st != QpState::kSqd) {
+        c.add(Counter::drop_qp_state);
+        continue;
+      }
+      Transport::responder(*qp, v, rx, tx, now);
+      if (type == QpType::kRc && n_touched < std::size(touched) &&
+          (n_touched == 0 || touched[n_touched - 1] != qp))
+        touched[n_touched++] = qp;
+      else if (type == QpType::kRc && n_touched == std::size(touched))
+        Transport::flush_ack(*qp, tx);
+    } else {
+      if (st != QpState::kRts && st != QpState::kSqd) {
+        c.add(Counter::drop_qp_state);
+        continue;
+      }
+      Transport::completer(*qp, v, tx, now);
+    }
+    qp->next_deadline.store(Transport::deadline(*qp), std::memory_order_relaxed);
+  }
+  // One ACK per QP per burst covers every AckReq packet it received (ACK coalescing).
+  for (uint32_t i = 0; i < n_touched; ++i) {
+    std::lock_guard g(touched[i]->lock());
+    Transport::flush_ack(*touched[i], tx);
+  }
+  tx.flush();
+  driver_gen_.fetch_add(1, std::memory_order_acq_rel);  // even: idle
+}
+
+Nanos Context::tick(io::TxBatch& tx, Nanos now) {
+  driver_gen_.fetch_add(1, std::memory_order_acq_rel);
+  Nanos next = 0;
+  {
+    std::lock_guard g(mu_);
+    for (Qp* qp : qps_) {
+      Nanos d = qp->next_deadline.load(std::memory_order_relaxed);
+      if (d && d <= now) {
+        std::lock_guard q(qp->lock());
+        d = Transport::timers(*qp, tx, now);
+        d = Transport::deadline(*qp);
+        qp->next_deadline.store(d, std::memory_order_relaxed);
+      }
+      if (d && (!next || d < next)) next = d;
+    }
+  }
+  tx.flush();
+  driver_gen_.fetch_add(1, std::memory_order_acq_rel);
+  return next;
+}
+
+void Context::kick() {
+  if (kick_fn_) kick_fn_(kick_arg_);
+}
+
+void Context::raise(AsyncEventType type, void* object) {
+  {
+    std::lock_guard g(async_mu_);
+    async_q_.push_back({type, object});
+  }
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = write(async_fd_, &one, sizeof one);
+}
+
+std::expected<AsyncEvent, int> Context::get_async_event() {
+  std::lock_guard g(async_mu_);
+  if (async_q_.empty()) return std::unexpected(EAGAIN);
+  uint64_t v;
+  [[maybe_unused]] ssize_t n = read(async_fd_, &v, sizeof v);
+  AsyncEvent e = async_q_.front();
+  async_q_.pop_front();
+  return e;
+}
+
+}  // namespace softrdma::core

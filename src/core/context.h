@@ -1,0 +1,116 @@
+// A device context: the soft NIC of one process for one device. It owns the key table, the QP table, the
+// async event queue and the counters, and it runs the transport for received packets and timers. Who
+// drives it (the engine's progress thread, or a test) calls rx_burst() and tick().
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <expected>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/counters.h"
+#include "core/objects.h"
+#include "core/qp.h"
+#include "io/backend.h"
+#include "wire/headers.h"
+
+namespace softrdma::core {
+
+struct ContextConfig {
+  std::string device_name = "sr_sim";
+  uint32_t active_mtu = 4096;  // bytes, the largest path MTU the interface allows
+  bool standard_port = false;  // RoCEv2 standard mode: every peer at UDP 4791
+  uint32_t window = 256;       // RC send window in packets
+  Nanos (*clock)() = nullptr;  // a fake clock for tests; CLOCK_MONOTONIC when null
+};
+
+struct AsyncEvent {
+  AsyncEventType type;
+  void* object = nullptr;  // Qp*, Cq* or Srq*, or nullptr for port events
+};
+
+class Context {
+ public:
+  // `backend` and `counters` must outlive the context.
+  Context(io::Backend* backend, Counters* counters, const ContextConfig& cfg);
+  ~Context();
+
+  const ContextConfig& config() const { return cfg_; }
+  io::Backend* backend() const { return backend_; }
+  Counters& counters() const { return *counters_; }
+  MrTable& mrs() { return mrs_; }
+  const wire::Gid& local_addr() const { return backend_->local_addr(); }
+
+  // Objects. Return an errno on failure, as rdma-core does.
+  std::expected<Pd*, int> alloc_pd();
+  int dealloc_pd(Pd* pd);
+  std::expected<Mr*, int> reg_mr(Pd* pd, void* addr, uint64_t length, uint64_t iova, uint32_t access);
+  int dereg_mr(Mr* mr);
+  std::expected<Cq*, int> create_cq(uint32_t cqe, CompChannel* channel, void* user_context);
+  int destroy_cq(Cq* cq);
+  std::expected<Srq*, int> create_srq(Pd* pd, uint32_t max_wr, uint32_t max_sge, uint32_t limit);
+  int destroy_srq(Srq* srq);
+  std::expected<Qp*, int> create_qp(Pd* pd, const QpInitAttr& init);
+  int destroy_qp(Qp* qp);
+  std::expected<Ah*, int> create_ah(Pd* pd, const AhAttr& attr);
+  int destroy_ah(Ah* ah);
+
+  Qp* find_qp(uint32_t qpn) const;
+  // The UDP endpoint at which a peer QP listens.
+  wire::Endpoint peer_endpoint(const wire::Gid& gid, uint32_t qpn) const {
+    return {gid, cfg_.standard_port ? wire::kRoceV2Port : static_cast<uint16_t>(qpn >> 8)};
+  }
+
+  // Driving the soft NIC.
+  void rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now);
+  // Runs expired timers; returns the nearest deadline still armed (0 = none).
+  Nanos tick(io::TxBatch& tx, Nanos now);
+  // Asks the driver to call tick() soon (a QP armed a timer or has queued work).
+  void kick();
+  void set_kick(void (*fn)(void*), void* arg) {
+    kick_fn_ = fn;
+    kick_arg_ = arg;
+  }
+
+  // Async events (ibv_get_async_event): a pollable eventfd and a queue.
+  void raise(AsyncEventType type, void* object);
+  int async_fd() const { return async_fd_; }
+  std::expected<AsyncEvent, int> get_async_event();  // EAGAIN when none
+
+  static Nanos now_ns();
+  Nanos now() const { return cfg_.clock ? cfg_.clock() : now_ns(); }
+
+ private:
+  struct QpBlock {
+    std::atomic<Qp*> qp[256] = {};
+  };
+  std::expected<uint32_t, int> alloc_qpn();
+
+  io::Backend* backend_;
+  Counters* counters_;
+  ContextConfig cfg_;
+  MrTable mrs_;
+
+  std::mutex mu_;  // object creation and destruction (not the data path)
+  std::unique_ptr<std::atomic<QpBlock*>[]> blocks_;  // by QPN >> 8
+  std::vector<uint16_t> ports_;                      // opened ports with free QPN slots
+  std::vector<Qp*> qps_;                             // every QP, for the timer scan
+  std::atomic<uint32_t> qp_count_{0};
+  std::atomic<uint64_t> driver_gen_{0};  // odd while rx_burst or tick runs (destroy_qp waits it out)
+  uint16_t next_virtual_port_ = 0xC000;  // standard mode: QPN blocks not tied to sockets
+
+  void (*kick_fn_)(void*) = nullptr;
+  void* kick_arg_ = nullptr;
+
+  int async_fd_ = -1;
+  std::mutex async_mu_;
+  std::deque<AsyncEvent> async_q_;
+};
+
+}  // namespace softrdma::core

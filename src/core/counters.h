@@ -1,0 +1,71 @@
+// Per-device counters: packets, retransmissions, NAKs by kind, drops by reason. One list, from which the
+// enum and the names the CLI prints are both made.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string_view>
+
+namespace softrdma {
+
+#define SOFTRDMA_COUNTERS(X)                                                            \
+  X(tx_packets, "packets sent")                                                         \
+  X(rx_packets, "packets received")                                                     \
+  X(tx_bytes, "bytes sent (UDP payload)")                                               \
+  X(rx_bytes, "bytes received (UDP payload)")                                           \
+  X(retransmits, "packets retransmitted (go-back-N)")                                   \
+  X(retry_timeouts, "local ACK timeouts")                                               \
+  X(rnr_retries, "retries after RNR NAK")                                               \
+  X(tx_acks, "ACKs sent")                                                               \
+  X(tx_nak_psn_seq, "NAK PSN sequence error sent")                                      \
+  X(tx_nak_inv_req, "NAK invalid request sent")                                         \
+  X(tx_nak_rem_access, "NAK remote access error sent")                                  \
+  X(tx_nak_rem_op, "NAK remote operational error sent")                                 \
+  X(tx_rnr_nak, "RNR NAK sent")                                                         \
+  X(rx_nak_psn_seq, "NAK PSN sequence error received")                                  \
+  X(rx_nak_inv_req, "NAK invalid request received")                                     \
+  X(rx_nak_rem_access, "NAK remote access error received")                              \
+  X(rx_nak_rem_op, "NAK remote operational error received")                             \
+  X(rx_rnr_nak, "RNR NAK received")                                                     \
+  X(dup_requests, "duplicate requests (re-ACKed or replayed)")                          \
+  X(drop_truncated, "dropped: shorter than its headers")                                \
+  X(drop_bad_icrc, "dropped: ICRC mismatch")                                            \
+  X(drop_bad_opcode, "dropped: unknown opcode or wrong for the QP type")                \
+  X(drop_bad_header, "dropped: bad BTH version, pad or P_Key")                          \
+  X(drop_no_qp, "dropped: no such QP")                                                  \
+  X(drop_qp_state, "dropped: QP not in a state to receive")                             \
+  X(drop_wrong_peer, "dropped: source is not the QP's peer")                            \
+  X(drop_bad_qkey, "dropped: Q_Key mismatch")                                           \
+  X(drop_out_of_seq, "dropped: PSN out of sequence")                                    \
+  X(drop_stale_response, "dropped: response to nothing outstanding")                    \
+  X(drop_uc_msg, "dropped: UC message lost a packet")                                   \
+  X(drop_ud_no_wqe, "dropped: UD packet with no receive WQE")                           \
+  X(drop_ud_too_long, "dropped: UD packet longer than the receive WQE")                 \
+  X(drop_injected, "dropped by fault injection")
+
+enum class Counter : uint32_t {
+#define SOFTRDMA_X(name, desc) name,
+  SOFTRDMA_COUNTERS(SOFTRDMA_X)
+#undef SOFTRDMA_X
+      kCount
+};
+
+struct CounterInfo {
+  std::string_view name;
+  std::string_view description;
+};
+inline constexpr CounterInfo kCounterInfo[] = {
+#define SOFTRDMA_X(name, desc) {#name, desc},
+    SOFTRDMA_COUNTERS(SOFTRDMA_X)
+#undef SOFTRDMA_X
+};
+inline constexpr uint32_t kNumCounters = static_cast<uint32_t>(Counter::kCount);
+
+// A block of counters. Relaxed atomics: writers are the progress thread and posting threads.
+struct Counters {
+  std::atomic<uint64_t> v[kNumCounters] = {};
+  void add(Counter c, uint64_t n = 1) { v[static_cast<uint32_t>(c)].fetch_add(n, std::memory_order_relaxed); }
+  uint64_t get(Counter c) const { return v[static_cast<uint32_t>(c)].load(std::memory_order_relaxed); }
+};
+
+}  // namespace softrdma

@@ -1,0 +1,166 @@
+#include "core/qp.h"
+
+#include <bit>
+#include <cerrno>
+#include <cstring>
+
+#include "core/context.h"
+#include "transport/transport.h"
+
+namespace softrdma::core {
+
+namespace {
+thread_local io::TxBatch tls_tx;
+
+bool needs_local_write(WrOpcode op) {
+  return op == WrOpcode::kRdmaRead || op == WrOpcode::kAtomicCmpAndSwp || op == WrOpcode::kAtomicFetchAndAdd;
+}
+
+bool allowed(QpType t, WrOpcode op) {
+  switch (t) {
+    case QpType::kUd:
+      return op == WrOpcode::kSend || op == WrOpcode::kSendWithImm;
+    case QpType::kUc:
+      return op == WrOpcode::kSend || op == WrOpcode::kSendWithImm || op == WrOpcode::kRdmaWrite ||
+             op == WrOpcode::kRdmaWriteWithImm;
+    case QpType::kRc:
+      return op <= WrOpcode::kAtomicFetchAndAdd || op == WrOpcode::kSendWithInv;
+  }
+  return false;
+}
+}  // namespace
+
+Qp::Qp(Context* ctx, Pd* pd, uint32_t qpn, uint16_t port, const QpInitAttr& init)
+    : ctx_(ctx), pd_(pd), qpn_(qpn), port_(port), init_(init) {
+  const uint32_t sq = std::bit_ceil(std::max<uint32_t>(init.cap.max_send_wr, 1));
+  sq_.resize(sq);
+  sq_mask_ = sq - 1;
+  init_.cap.max_send_wr = sq;
+  if (!init.srq) rq_.init(std::max<uint32_t>(init.cap.max_recv_wr, 1), init.cap.max_recv_sge);
+  init_.cap.max_recv_wr = init.srq ? 0 : rq_.max_wr();
+  attr_.cap = init_.cap;
+}
+
+Qp::~Qp() = default;
+
+int Qp::modify(const QpAttr& attr, uint32_t mask) {
+  std::lock_guard g(lock_);
+  return Transport::modify(*this, attr, mask);
+}
+
+int Qp::query(QpAttr* attr, QpInitAttr* init) const {
+  std::lock_guard g(lock_);
+  if (attr) {
+    *attr = attr_;
+    attr->cur_qp_state = attr_.qp_state;
+    attr->cap = init_.cap;
+  }
+  if (init) *init = init_;
+  return 0;
+}
+
+int Qp::post_send(std::span<const SendWr> wrs, size_t* bad) {
+  std::lock_guard g(lock_);
+  const QpState st = attr_.qp_state;
+  if (st == QpState::kReset || st == QpState::kInit || st == QpState::kRtr) {
+    *bad = 0;
+    return EINVAL;
+  }
+  for (size_t i = 0; i < wrs.size(); ++i) {
+    const SendWr& wr = wrs[i];
+    *bad = i;
+    if (sq_head_ - comp_.wqe >= sq_.size()) return ENOMEM;
+    if (wr.sg_list.size() > init_.cap.max_send_sge || !allowed(type(), wr.opcode)) return EINVAL;
+    uint64_t len = 0;
+    for (const Sge& s : wr.sg_list) len += s.length;
+    if (len > kMaxMsgSize) return EINVAL;
+    const bool atomic = wr.opcode == WrOpcode::kAtomicCmpAndSwp || wr.opcode == WrOpcode::kAtomicFetchAndAdd;
+    if (atomic && (len != 8 || (wr.remote_addr & 7))) return EINVAL;
+    const bool inl = (wr.send_flags & kSendInline) && !needs_local_write(wr.opcode);
+    if (inl && len > init_.cap.max_inline_data) return EINVAL;
+    if (type() == QpType::kUd && (!wr.ah || wr.ah->pd->ctx != ctx_)) return EINVAL;
+
+    SendWqe& w = sq_[sq_head_ & sq_mask_];
+    w.wr_id = wr.wr_id;
+    w.opcode = wr.opcode;
+    w.send_flags = wr.send_flags;
+    w.imm_be = wr.imm_data;
+    w.inv_rkey = wr.invalidate_rkey;
+    w.remote_addr = wr.remote_addr;
+    w.rkey = wr.rkey;
+    w.compare_add = wr.compare_add;
+    w.swap = wr.swap;
+    w.length = static_cast<uint32_t>(len);
+    w.started = w.done = false;
+    w.status = w.post_status = WcStatus::kSuccess;
+    w.num_seg = 0;
+    if (type() == QpType::kUd) {
+      w.ud_dst = ctx_->peer_endpoint(wr.ah->attr.dgid, wr.remote_qpn);
+      w.ud_dqpn = wr.remote_qpn & wire::kQpnMask;
+      w.ud_qkey = wr.remote_qkey;
+    }
+    if (inl) {
+      // The data is copied now; the caller may reuse its buffers as soon as this returns.
+      uint32_t off = 0;
+      for (const Sge& s : wr.sg_list) {
+        std::memcpy(w.inline_data + off, reinterpret_cast<const void*>(s.addr), s.length);
+        off += s.length;
+      }
+      if (len) w.seg[w.num_seg++] = {w.inline_data, w.length};
+    } else {
+      // Each SGE must lie in an MR of this QP's PD (READ and ATOMIC results need local write access);
+      // a bad one completes the WQE with LOC_PROT_ERR, as rxe reports it.
+      for (const Sge& s : wr.sg_list) {
+        if (s.length == 0) continue;
+        MrRef mr = ctx_->mrs().find(s.lkey);
+        if (!mr || mr->pd != pd_ || !mr->contains(s.addr, s.length) ||
+            (needs_local_write(wr.opcode) && !(mr->access & kLocalWrite))) {
+          w.post_status = WcStatus::kLocProtErr;
+          break;
+        }
+        w.seg[w.num_seg++] = {mr->host(s.addr), s.length};
+      }
+    }
+    ++sq_head_;
+  }
+  *bad = wrs.size();
+  if (attr_.qp_state == QpState::kErr) {
+    Transport::to_error(*this);
+    return 0;
+  }
+  tls_tx.sink = ctx_->backend();
+  Transport::requester(*this, tls_tx, ctx_->now());
+  tls_tx.flush();
+  const Nanos d = Transport::deadline(*this);
+  if (d != next_deadline.load(std::memory_order_relaxed)) {
+    next_deadline.store(d, std::memory_order_relaxed);
+    if (d) ctx_->kick();
+  }
+  return 0;
+}
+
+int Qp::post_recv(std::span<const RecvWr> wrs, size_t* bad) {
+  std::lock_guard g(lock_);
+  *bad = 0;
+  if (init_.srq || attr_.qp_state == QpState::kReset) return EINVAL;
+  for (size_t i = 0; i < wrs.size(); ++i) {
+    *bad = i;
+    const RecvWr& wr = wrs[i];
+    if (wr.sg_list.size() > rq_.max_sge()) return EINVAL;
+    RecvWqe w;
+    w.wr_id = wr.wr_id;
+    w.num_sge = static_cast<uint32_t>(wr.sg_list.size());
+    uint64_t len = 0;
+    for (size_t k = 0; k < wr.sg_list.size(); ++k) {
+      w.sge[k] = wr.sg_list[k];
+      len += wr.sg_list[k].length;
+    }
+    w.length = static_cast<uint32_t>(std::min<uint64_t>(len, UINT32_MAX));
+    if (int err = rq_.post(w)) return err;
+  }
+  *bad = wrs.size();
+  if (attr_.qp_state == QpState::kErr) Transport::to_error(*this);
+  return 0;
+}
+
+}  // namespace softrdma::core

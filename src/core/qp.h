@@ -1,0 +1,226 @@
+// The queue pair: its attributes, its send and receive queues, and the state of its three transport
+// engines (requester, responder, completer: src/transport). One lock per QP; no lock shared across QPs on
+// the data path.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/objects.h"
+#include "softrdma/types.h"
+#include "wire/addr.h"
+
+namespace softrdma::core {
+
+struct QpCap {
+  uint32_t max_send_wr = 0;
+  uint32_t max_recv_wr = 0;
+  uint32_t max_send_sge = 0;
+  uint32_t max_recv_sge = 0;
+  uint32_t max_inline_data = 0;
+};
+
+struct QpInitAttr {
+  QpType type = QpType::kRc;
+  Cq* send_cq = nullptr;
+  Cq* recv_cq = nullptr;
+  Srq* srq = nullptr;
+  QpCap cap;
+  bool sq_sig_all = false;
+  void* user_context = nullptr;
+};
+
+struct QpAttr {  // ibv_qp_attr's fields that softrdma uses
+  QpState qp_state = QpState::kReset;
+  QpState cur_qp_state = QpState::kReset;
+  Mtu path_mtu = Mtu::k256;
+  uint32_t qkey = 0;
+  uint32_t rq_psn = 0;
+  uint32_t sq_psn = 0;
+  uint32_t dest_qp_num = 0;
+  uint32_t qp_access_flags = 0;
+  QpCap cap;
+  AhAttr ah_attr;
+  uint16_t pkey_index = 0;
+  bool sq_draining = false;
+  uint8_t max_rd_atomic = 0;
+  uint8_t max_dest_rd_atomic = 0;
+  uint8_t min_rnr_timer = 0;
+  uint8_t port_num = 1;
+  uint8_t timeout = 0;
+  uint8_t retry_cnt = 0;
+  uint8_t rnr_retry = 0;
+  bool en_sqd_async_notify = false;
+};
+
+// A local buffer piece of a send WQE: a validated host address range.
+struct Seg {
+  uint8_t* ptr = nullptr;
+  uint32_t len = 0;
+};
+
+struct SendWqe {
+  uint64_t wr_id = 0;
+  WrOpcode opcode = WrOpcode::kSend;
+  uint32_t send_flags = 0;
+  uint32_t imm_be = 0;
+  uint32_t inv_rkey = 0;
+  uint64_t remote_addr = 0;
+  uint32_t rkey = 0;
+  uint64_t compare_add = 0;
+  uint64_t swap = 0;
+  // UD destination
+  wire::Endpoint ud_dst;
+  uint32_t ud_dqpn = 0;
+  uint32_t ud_qkey = 0;
+
+  uint32_t length = 0;
+  uint32_t num_seg = 0;
+  WcStatus post_status = WcStatus::kSuccess;  // a local error found at post time, reported at completion
+  // transport progress
+  uint32_t first_psn = 0;
+  uint32_t last_psn = 0;
+  bool started = false;
+  bool done = false;  // acknowledged (or failed); completes in order
+  WcStatus status = WcStatus::kSuccess;
+  Seg seg[kMaxSge];
+  alignas(8) uint8_t inline_data[kMaxInline];
+};
+
+// Requester (src/transport/requester.cc): what to send next.
+struct ReqState {
+  uint32_t psn = 0;        // next PSN
+  uint64_t wqe = 0;        // index of the WQE being sent (monotonic; ring slot = & mask)
+  uint32_t offset = 0;     // bytes of it already sent
+  uint32_t noack_pkts = 0;
+  uint32_t rd_atomic = 0;  // READ/ATOMIC WQEs outstanding
+};
+
+// Completer (src/transport/completer.cc): what is acknowledged, and the timers.
+struct CompState {
+  uint32_t psn = 0;      // oldest unacknowledged PSN
+  uint64_t wqe = 0;      // oldest WQE not yet completed
+  uint32_t read_bytes = 0;  // bytes of READ response data placed for the WQE at `wqe`
+  uint8_t retry_left = 0;
+  uint8_t rnr_left = 0;
+  Nanos retrans_deadline = 0;  // 0 = not armed
+  Nanos rnr_deadline = 0;      // waiting after an RNR NAK
+};
+
+// A saved READ or ATOMIC request, for replay of duplicates (IBTA.md 5).
+struct RespResource {
+  bool atomic = false;
+  bool valid = false;
+  uint32_t first_psn = 0;
+  uint32_t last_psn = 0;
+  uint64_t va = 0;
+  uint32_t rkey = 0;
+  uint32_t length = 0;
+  uint64_t atomic_orig = 0;
+  uint32_t msn = 0;
+};
+
+// Responder (src/transport/responder.cc).
+struct RespState {
+  uint32_t psn = 0;  // expected PSN
+  uint32_t msn = 0;
+  bool sent_psn_nak = false;
+  uint8_t last_opcode = 0xFF;  // of the last accepted packet, for sequence checks (0xFF = message boundary)
+  bool uc_drop = false;        // UC: drop until the next FIRST/ONLY
+  // The message being received
+  bool have_wqe = false;
+  RecvWqe wqe;
+  uint32_t offset = 0;  // bytes placed into wqe
+  MrRef write_mr;       // WRITE in progress
+  uint64_t write_va = 0;
+  uint32_t write_resid = 0;
+  // ACK to send after this burst (coalesced)
+  bool ack_pending = false;
+  uint32_t ack_psn = 0;
+  uint8_t ack_syndrome = 0;
+  uint32_t ack_msn = 0;
+  std::vector<RespResource> res;
+  uint32_t res_next = 0;
+};
+
+// A send work request (ibv_send_wr without the list link).
+struct SendWr {
+  uint64_t wr_id = 0;
+  WrOpcode opcode = WrOpcode::kSend;
+  uint32_t send_flags = 0;
+  uint32_t imm_data = 0;  // network order
+  std::span<const Sge> sg_list;
+  uint64_t remote_addr = 0;
+  uint32_t rkey = 0;
+  uint64_t compare_add = 0;
+  uint64_t swap = 0;
+  Ah* ah = nullptr;  // UD
+  uint32_t remote_qpn = 0;
+  uint32_t remote_qkey = 0;
+  uint32_t invalidate_rkey = 0;
+};
+
+struct RecvWr {
+  uint64_t wr_id = 0;
+  std::span<const Sge> sg_list;
+};
+
+class Qp {
+ public:
+  Qp(Context* ctx, Pd* pd, uint32_t qpn, uint16_t port, const QpInitAttr& init);
+  ~Qp();
+
+  Context* ctx() const { return ctx_; }
+  Pd* pd() const { return pd_; }
+  uint32_t qpn() const { return qpn_; }
+  uint16_t port() const { return port_; }
+  QpType type() const { return init_.type; }
+  QpState state() const { return attr_.qp_state; }
+  const QpInitAttr& init() const { return init_; }
+  const QpAttr& attr() const { return attr_; }
+  SpinLock& lock() { return lock_; }
+  uint32_t pmtu() const { return pmtu_; }
+  const wire::Endpoint& peer() const { return peer_; }
+  // The nearest armed timer (0 = none), readable without the lock by the timer scan.
+  std::atomic<Nanos> next_deadline{0};
+
+  // Verbs (each takes the QP lock). Return 0 or an errno, as rdma-core does.
+  int modify(const QpAttr& attr, uint32_t mask);
+  int query(QpAttr* attr, QpInitAttr* init) const;
+  // Posts WRs in order and runs the requester; on failure returns the errno and sets *bad to the index of
+  // the first WR not posted.
+  int post_send(std::span<const SendWr> wrs, size_t* bad);
+  int post_recv(std::span<const RecvWr> wrs, size_t* bad);
+
+  // Set by the context: called when the QP has work for the transmit path or a timer.
+  bool on_active_list = false;
+
+ private:
+  friend class Transport;
+  friend class TransportTest;
+
+  Context* ctx_;
+  Pd* pd_;
+  uint32_t qpn_;
+  uint16_t port_;
+  QpInitAttr init_;
+  QpAttr attr_;
+  mutable SpinLock lock_;
+
+  // Send queue
+  std::vector<SendWqe> sq_;
+  uint32_t sq_mask_ = 0;
+  uint64_t sq_head_ = 0;  // next slot to post
+  // Receive queue (unless init_.srq)
+  RecvQueue rq_;
+
+  wire::Endpoint peer_;  // RC/UC: the connected peer's endpoint
+  uint32_t pmtu_ = 256;
+  ReqState req_;
+  CompState comp_;
+  RespState resp_;
+};
+
+}  // namespace softrdma::core

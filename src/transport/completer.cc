@@ -1,0 +1,271 @@
+// The completer: matches ACKs, NAKs, READ responses and ATOMIC ACKs to send WQEs, runs the retransmit and
+// RNR timers, and writes send completions in order (IBTA.md 3, 4, 5 "Requester handling of responses").
+#include <cstring>
+
+#include "core/context.h"
+#include "transport/transport.h"
+
+namespace softrdma::core {
+namespace {
+
+using namespace wire;
+
+bool is_read(const SendWqe& w) { return w.opcode == WrOpcode::kRdmaRead; }
+bool is_atomic(const SendWqe& w) {
+  return w.opcode == WrOpcode::kAtomicCmpAndSwp || w.opcode == WrOpcode::kAtomicFetchAndAdd;
+}
+
+WcOpcode wc_opcode(WrOpcode op) {
+  switch (op) {
+    case WrOpcode::kRdmaWrite:
+    case WrOpcode::kRdmaWriteWithImm:
+      return WcOpcode::kRdmaWrite;
+    case WrOpcode::kRdmaRead:
+      return WcOpcode::kRdmaRead;
+    case WrOpcode::kAtomicCmpAndSwp:
+      return WcOpcode::kCompSwap;
+    case WrOpcode::kAtomicFetchAndAdd:
+      return WcOpcode::kFetchAdd;
+    default:
+      return WcOpcode::kSend;
+  }
+}
+
+// Copies `len` bytes to the WQE's buffer at `offset`.
+void scatter(const SendWqe& w, uint32_t offset, const uint8_t* src, uint32_t len) {
+  uint32_t i = 0;
+  while (i < w.num_seg && offset >= w.seg[i].len) offset -= w.seg[i++].len;
+  while (len > 0 && i < w.num_seg) {
+    const uint32_t n = std::min(len, w.seg[i].len - offset);
+    std::memcpy(w.seg[i].ptr + offset, src, n);
+    src += n;
+    len -= n;
+    offset = 0;
+    ++i;
+  }
+}
+
+}  // namespace
+
+Nanos Transport::rnr_delay_ns(uint8_t code) {
+  // IBTA.md 3c; code 0 is the longest delay.
+  static constexpr uint32_t kUs[32] = {655360, 10,    20,    30,    40,    60,     80,     120,
+                                       160,    240,   320,   480,   640,   960,    1280,   1920,
+                                       2560,   3840,  5120,  7680,  10240, 15360,  20480,  30720,
+                                       40960,  61440, 81920, 122880, 163840, 245760, 327680, 491520};
+  return Nanos{kUs[code & 31]} * 1000;
+}
+
+void Transport::complete_send(Qp& qp, SendWqe& w, WcStatus status) {
+  const bool signaled = qp.init_.sq_sig_all || (w.send_flags & kSendSignaled);
+  if (status == WcStatus::kSuccess && !signaled) return;
+  Wc wc;
+  wc.wr_id = w.wr_id;
+  wc.status = status;
+  wc.opcode = wc_opcode(w.opcode);
+  wc.qp_num = qp.qpn();
+  if (status == WcStatus::kSuccess && (is_read(w) || is_atomic(w))) wc.byte_len = is_read(w) ? w.length : 8;
+  if (!qp.init_.send_cq->push(wc, false)) qp.ctx()->raise(kEventCqErr, qp.init_.send_cq);
+}
+
+void Transport::retire(Qp& qp) {
+  while (qp.comp_.wqe < qp.sq_head_) {
+    SendWqe& w = qp.sq_[qp.comp_.wqe & qp.sq_mask_];
+    if (!w.done) break;
+    ++qp.comp_.wqe;
+    if (is_read(w) || is_atomic(w)) {
+      if (qp.req_.rd_atomic) --qp.req_.rd_atomic;
+    }
+    complete_send(qp, w, w.status);
+    if (w.status != WcStatus::kSuccess) {
+      to_error(qp);
+      return;
+    }
+  }
+}
+
+// Go-back-N: the requester resends from the oldest unacknowledged PSN (IBTA.md 4c "Retransmission"). A
+// WQE partly acknowledged (or partly read) resumes where the acknowledged part ends.
+void Transport::go_back_n(Qp& qp) {
+  ReqState& req = qp.req_;
+  const CompState& comp = qp.comp_;
+  qp.ctx()->counters().add(Counter::retransmits, static_cast<uint32_t>(psn_diff(req.psn, comp.psn)));
+  req.offset = 0;
+  if (comp.wqe < qp.sq_head_) {
+    const SendWqe& w = qp.sq_[comp.wqe & qp.sq_mask_];
+    if (w.started && psn_diff(comp.psn, w.first_psn) > 0)
+      req.offset = static_cast<uint32_t>(psn_diff(comp.psn, w.first_psn)) * qp.pmtu_;
+  }
+  req.rd_atomic = 0;
+  req.wqe = comp.wqe;
+  req.psn = comp.psn;
+  req.noack_pkts = 0;
+  qp.comp_.retrans_deadline = 0;
+}
+
+// Spends one retry of `budget` (7 = infinite, as rxe does); false when none is left.
+static bool charge(uint8_t& budget) {
+  if (budget == 0) return false;
+  if (budget != 7) --budget;
+  return true;
+}
+
+void Transport::fail_head(Qp& qp, WcStatus status) {
+  SendWqe& w = qp.sq_[qp.comp_.wqe & qp.sq_mask_];
+  w.done = true;
+  w.status = status;
+  retire(qp);
+}
+
+void Transport::completer(Qp& qp, PacketView pkt, io::TxBatch& tx, Nanos now) {
+  CompState& comp = qp.comp_;
+  Counters& counters = qp.ctx()->counters();
+  const uint32_t psn = pkt.psn();
+  const OpcodeInfo& oi = pkt.info();
+  if (psn_diff(psn, comp.psn) < 0 || psn_diff(psn, qp.req_.psn) >= 0) {
+    // Nothing outstanding, an old duplicate, or a PSN never sent.
+    counters.add(Counter::drop_stale_response);
+    return;
+  }
+  const uint8_t syndrome = oi.has(kHasAeth) ? pkt.aeth_syndrome() : make_syndrome(AckType::kAck, kAckUnlimitedCredit);
+  const AckType type = syndrome_type(syndrome);
+  const uint32_t pmtu = qp.pmtu_;
+  bool progress = false;
+
+  // Implicit acknowledgement: a response beyond a SEND/WRITE WQE completes it; beyond a READ/ATOMIC it
+  // means that WQE's own response was lost, so retry (IBTA.md 5).
+  // (The WQE being sent counts: its first packets may be acknowledged before its last one leaves.)
+  while (comp.wqe < qp.sq_head_ && qp.sq_[comp.wqe & qp.sq_mask_].started) {
+    SendWqe& w = qp.sq_[comp.wqe & qp.sq_mask_];
+    const bool beyond = psn_diff(psn, w.last_psn) > 0;
+    if (!beyond) break;
+    if (is_read(w) || is_atomic(w)) {
+      // A READ or ATOMIC completes only by its own response, which is missing: resend from it.
+      if (!charge(comp.retry_left)) return fail_head(qp, WcStatus::kRetryExcErr);
+      go_back_n(qp);
+      requester(qp, tx, now);
+      return;
+    }
+    w.done = true;
+    comp.psn = psn_add(w.last_psn, 1);
+    progress = true;
+    retire(qp);
+    if (qp.state() == QpState::kErr) return;
+  }
+
+  if (comp.wqe < qp.sq_head_ && qp.sq_[comp.wqe & qp.sq_mask_].started) {
+    SendWqe& w = qp.sq_[comp.wqe & qp.sq_mask_];
+    switch (type) {
+      case AckType::kAck:
+        if (oi.has(kReadResp)) {
+          if (!is_read(w) || psn != comp.psn) {
+            // A READ response out of order (an earlier one was lost) or for a non-READ WQE: drop; the
+            // retransmit timer recovers.
+            counters.add(Counter::drop_out_of_seq);
+            break;
+          }
+          const uint32_t offset = static_cast<uint32_t>(psn_diff(psn, w.first_psn)) * pmtu;
+          const uint32_t len = pkt.payload_len();
+          const bool end = oi.any(kEnd);
+          const uint32_t expect = end ? w.length - offset : pmtu;
+          if (len != expect || offset + len > w.length) {
+            counters.add(Counter::drop_bad_header);
+            break;
+          }
+          scatter(w, offset, pkt.payload(), len);
+          comp.psn = psn_add(psn, 1);
+          progress = true;
+          if (end) {
+            w.done = true;
+            retire(qp);
+          }
+        } else if (oi.has(kAtomicAck)) {
+          if (!is_atomic(w) || psn != w.first_psn) {
+            counters.add(Counter::drop_out_of_seq);
+            break;
+          }
+          const uint64_t orig = pkt.atomic_ack_orig();
+          scatter(w, 0, reinterpret_cast<const uint8_t*>(&orig), 8);
+          comp.psn = psn_add(psn, 1);
+          progress = true;
+          w.done = true;
+          retire(qp);
+        } else if (!is_read(w) && !is_atomic(w)) {
+          comp.psn = psn_add(psn, 1);
+          progress = true;
+          if (psn == w.last_psn) {
+            w.done = true;
+            retire(qp);
+          }
+        }
+        break;
+      case AckType::kRnrNak:
+        counters.add(Counter::rx_rnr_nak);
+        comp.psn = psn;
+        if (!charge(comp.rnr_left)) return fail_head(qp, WcStatus::kRnrRetryExcErr);
+        counters.add(Counter::rnr_retries);
+        go_back_n(qp);
+        comp.rnr_deadline = now + rnr_delay_ns(syndrome_value(syndrome));
+        qp.ctx()->kick();
+        return;
+      case AckType::kNak: {
+        const uint8_t code = syndrome_value(syndrome);
+        if (code == kNakPsnSeqErr) {
+          counters.add(Counter::rx_nak_psn_seq);
+          comp.psn = psn;
+          if (!charge(comp.retry_left)) return fail_head(qp, WcStatus::kRetryExcErr);
+          go_back_n(qp);
+          requester(qp, tx, now);
+          return;
+        }
+        WcStatus st = WcStatus::kRemOpErr;
+        if (code == kNakInvalidRequest) {
+          st = WcStatus::kRemInvReqErr;
+          counters.add(Counter::rx_nak_inv_req);
+        } else if (code == kNakRemoteAccessErr) {
+          st = WcStatus::kRemAccessErr;
+          counters.add(Counter::rx_nak_rem_access);
+        } else {
+          counters.add(Counter::rx_nak_rem_op);
+        }
+        return fail_head(qp, st);
+      }
+      case AckType::kReserved:
+        counters.add(Counter::drop_bad_header);
+        return;
+    }
+  }
+
+  if (progress) {
+    comp.retry_left = qp.attr_.retry_cnt;
+    comp.rnr_left = qp.attr_.rnr_retry;
+    comp.retrans_deadline = 0;
+    if (qp.state() != QpState::kErr) requester(qp, tx, now);  // the window may have opened; re-arms the timer
+  }
+}
+
+Nanos Transport::timers(Qp& qp, io::TxBatch& tx, Nanos now) {
+  CompState& comp = qp.comp_;
+  if (qp.type() != QpType::kRc || qp.state() == QpState::kErr || qp.state() == QpState::kReset) return 0;
+  if (comp.rnr_deadline) {
+    if (now < comp.rnr_deadline) return comp.rnr_deadline;
+    comp.rnr_deadline = 0;
+    requester(qp, tx, now);
+  }
+  if (comp.retrans_deadline && now >= comp.retrans_deadline) {
+    comp.retrans_deadline = 0;
+    if (psn_diff(qp.req_.psn, comp.psn) > 0) {
+      qp.ctx()->counters().add(Counter::retry_timeouts);
+      if (!charge(comp.retry_left)) {
+        fail_head(qp, WcStatus::kRetryExcErr);
+        return 0;
+      }
+      go_back_n(qp);
+      requester(qp, tx, now);
+    }
+  }
+  if (comp.rnr_deadline) return comp.rnr_deadline;
+  return comp.retrans_deadline;
+}
+
+}  // namespace softrdma::core

@@ -1,0 +1,181 @@
+// The requester: turns send WQEs into request packets while the send window allows (IBTA.md 1, 4c, 5).
+#include "core/context.h"
+#include "transport/transport.h"
+
+namespace softrdma::core {
+namespace {
+
+using namespace wire;
+
+bool is_read_or_atomic(WrOpcode op) {
+  return op == WrOpcode::kRdmaRead || op == WrOpcode::kAtomicCmpAndSwp || op == WrOpcode::kAtomicFetchAndAdd;
+}
+
+uint32_t packets_for(uint32_t len, uint32_t pmtu) { return len == 0 ? 1 : (len + pmtu - 1) / pmtu; }
+
+// The operation of the packet at position (first, last) of a SEND or WRITE message.
+uint8_t send_write_op(WrOpcode op, bool first, bool last) {
+  const bool only = first && last;
+  switch (op) {
+    case WrOpcode::kSend:
+      return only ? kOpSendOnly : first ? kOpSendFirst : last ? kOpSendLast : kOpSendMiddle;
+    case WrOpcode::kSendWithImm:
+      return only ? kOpSendOnlyImm : first ? kOpSendFirst : last ? kOpSendLastImm : kOpSendMiddle;
+    case WrOpcode::kSendWithInv:
+      return only ? kOpSendOnlyInv : first ? kOpSendFirst : last ? kOpSendLastInv : kOpSendMiddle;
+    case WrOpcode::kRdmaWrite:
+      return only ? kOpWriteOnly : first ? kOpWriteFirst : last ? kOpWriteLast : kOpWriteMiddle;
+    case WrOpcode::kRdmaWriteWithImm:
+      return only ? kOpWriteOnlyImm : first ? kOpWriteFirst : last ? kOpWriteLastImm : kOpWriteMiddle;
+    default:
+      return 0xFF;
+  }
+}
+
+// Points the packet's payload at `len` bytes of the WQE's buffer, starting `offset` bytes in.
+void attach_payload(io::TxPacket& p, const SendWqe& w, uint32_t offset, uint32_t len) {
+  uint32_t i = 0;
+  while (i < w.num_seg && offset >= w.seg[i].len) offset -= w.seg[i++].len;
+  while (len > 0 && i < w.num_seg && p.n_iov < io::kMaxPayloadIov) {
+    const uint32_t n = std::min(len, w.seg[i].len - offset);
+    p.iov[p.n_iov++] = {w.seg[i].ptr + offset, n};
+    len -= n;
+    offset = 0;
+    ++i;
+  }
+}
+
+}  // namespace
+
+io::TxPacket& Transport::new_packet(Qp& qp, io::TxBatch& tx, const Endpoint& dst, uint8_t op, bool se,
+                                    uint32_t dqpn, bool ack_req, uint32_t psn, uint32_t payload_len) {
+  io::TxPacket& p = tx.next();
+  p.src = {qp.ctx()->local_addr(), qp.port()};
+  p.dst = dst;
+  p.payload_len = payload_len;
+  p.pad = static_cast<uint8_t>((4 - (payload_len & 3)) & 3);
+  p.hdr_len = info(op).hdr_len;
+  PacketView v(p.hdr, p.hdr_len);
+  v.set_bth(op, se, p.pad, kDefaultPkey, dqpn, ack_req, psn);
+  return p;
+}
+
+void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
+  if (qp.attr_.qp_state != QpState::kRts && !(qp.attr_.qp_state == QpState::kSqd && qp.attr_.sq_draining))
+    return;
+  if (qp.comp_.rnr_deadline) return;  // waiting out an RNR NAK
+  const bool rc = qp.type() == QpType::kRc;
+  const uint32_t pmtu = qp.pmtu_;
+  const uint32_t window = qp.ctx()->config().window;
+
+  while (qp.req_.wqe < qp.sq_head_) {
+    SendWqe& w = qp.sq_[qp.req_.wqe & qp.sq_mask_];
+    if (w.post_status != WcStatus::kSuccess) {
+      // A local error found at post time: nothing goes out; the completer reports it in order.
+      w.started = true;
+      w.first_psn = qp.req_.psn;
+      w.last_psn = psn_add(qp.req_.psn, kPsnMask);  // = psn - 1: no PSN used
+      w.done = true;
+      w.status = w.post_status;
+      ++qp.req_.wqe;
+      retire(qp);
+      return;
+    }
+    const bool rd_atomic = is_read_or_atomic(w.opcode);
+    if (rc) {
+      if (psn_diff(qp.req_.psn, qp.comp_.psn) >= static_cast<int32_t>(window)) break;
+      if (qp.req_.offset == 0) {
+        if (rd_atomic && qp.req_.rd_atomic >= std::max<uint32_t>(1, qp.attr_.max_rd_atomic)) break;
+        // A fenced WQE waits for every READ/ATOMIC before it to complete.
+        if ((w.send_flags & kSendFence) && qp.req_.rd_atomic > 0) break;
+      }
+    }
+    const uint32_t npkts = (w.opcode == WrOpcode::kAtomicCmpAndSwp || w.opcode == WrOpcode::kAtomicFetchAndAdd)
+                               ? 1
+                               : packets_for(w.length, pmtu);
+    if (!w.started) {
+      w.started = true;
+      w.first_psn = qp.req_.psn;
+      w.last_psn = psn_add(qp.req_.psn, npkts - 1);
+    }
+    const Endpoint dst = qp.type() == QpType::kUd ? w.ud_dst : qp.peer_;
+    const uint32_t dqpn = qp.type() == QpType::kUd ? w.ud_dqpn : qp.attr_.dest_qp_num;
+
+    if (w.opcode == WrOpcode::kRdmaRead) {
+      // One request; the READ uses one PSN per response packet. A retried READ asks only for the rest.
+      const uint32_t done_bytes = qp.req_.offset;
+      io::TxPacket& p =
+          new_packet(qp, tx, dst, opcode(wire::Transport::kRc, kOpReadRequest), false, dqpn, true, qp.req_.psn, 0);
+      PacketView(p.hdr, p.hdr_len).set_reth(w.remote_addr + done_bytes, w.rkey, w.length - done_bytes);
+      qp.req_.psn = psn_add(w.last_psn, 1);
+      ++qp.req_.rd_atomic;
+      ++qp.req_.wqe;
+      qp.req_.offset = 0;
+      qp.req_.noack_pkts = 0;
+      continue;
+    }
+    if (rd_atomic) {
+      const uint8_t op = w.opcode == WrOpcode::kAtomicCmpAndSwp ? kOpCompareSwap : kOpFetchAdd;
+      io::TxPacket& p = new_packet(qp, tx, dst, opcode(wire::Transport::kRc, static_cast<Op>(op)), false, dqpn, true,
+                                   qp.req_.psn, 0);
+      const bool cas = op == kOpCompareSwap;
+      PacketView(p.hdr, p.hdr_len)
+          .set_atomic_eth(w.remote_addr, w.rkey, cas ? w.swap : w.compare_add, cas ? w.compare_add : 0);
+      qp.req_.psn = psn_add(qp.req_.psn, 1);
+      ++qp.req_.rd_atomic;
+      ++qp.req_.wqe;
+      qp.req_.offset = 0;
+      qp.req_.noack_pkts = 0;
+      continue;
+    }
+
+    // SEND or WRITE: one packet per path MTU.
+    if (qp.type() == QpType::kUd && w.length > pmtu) {
+      // Larger than the MTU: rxe sends nothing and completes the WR successfully (C10-93.1.1).
+      w.done = true;
+      ++qp.req_.wqe;
+      retire(qp);
+      continue;
+    }
+    const uint32_t idx = qp.req_.offset / pmtu;
+    const bool first = idx == 0;
+    const bool last = idx + 1 >= npkts;
+    const uint32_t len = std::min(pmtu, w.length - qp.req_.offset);
+    const uint8_t op_low = send_write_op(w.opcode, first, last);
+    const bool se = last && (w.send_flags & kSendSolicited) &&
+                    (w.opcode != WrOpcode::kRdmaWrite);
+    bool ack_req = false;
+    if (rc) ack_req = last || ++qp.req_.noack_pkts > 64;
+    const wire::Transport transport_type = qp.type() == QpType::kRc   ? wire::Transport::kRc
+                                     : qp.type() == QpType::kUc ? wire::Transport::kUc
+                                                                : wire::Transport::kUd;
+    io::TxPacket& p = new_packet(qp, tx, dst, opcode(transport_type, static_cast<Op>(op_low)), se, dqpn, ack_req,
+                                 qp.req_.psn, len);
+    PacketView v(p.hdr, p.hdr_len);
+    const OpcodeInfo& oi = v.info();
+    if (oi.has(kHasReth)) v.set_reth(w.remote_addr, w.rkey, w.length);
+    if (oi.has(kHasImmDt)) v.set_imm_be(w.imm_be);
+    if (oi.has(kHasIeth)) v.set_ieth_rkey(w.inv_rkey);
+    if (oi.has(kHasDeth)) v.set_deth(w.ud_qkey, qp.qpn());
+    attach_payload(p, w, qp.req_.offset, len);
+    if (ack_req) qp.req_.noack_pkts = 0;
+    qp.req_.psn = psn_add(qp.req_.psn, 1);
+    qp.req_.offset += len;
+    if (last) {
+      qp.req_.offset = 0;
+      ++qp.req_.wqe;
+      if (!rc) {
+        // UC and UD have no acknowledgements: the WQE is done once its packets are handed to io/.
+        w.done = true;
+        qp.comp_.psn = qp.req_.psn;
+        retire(qp);
+      }
+    }
+  }
+  if (rc && qp.comp_.retrans_deadline == 0 && psn_diff(qp.req_.psn, qp.comp_.psn) > 0) {
+    const Nanos t = ack_timeout_ns(qp.attr_.timeout);
+    if (t) qp.comp_.retrans_deadline = now + t;
+  }
+}
+
+}  // namespace softrdma::core

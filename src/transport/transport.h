@@ -1,0 +1,53 @@
+// The IBTA transport as three engines over a QP's state, in the manner of rxe: the requester turns send
+// WQEs into request packets, the responder executes request packets and answers them, and the completer
+// matches responses (ACK/NAK, READ responses, ATOMIC ACKs) to WQEs, runs the retry timers and writes
+// completions. All of it is pure: packets in, packets out (a TxBatch), a clock passed in; no threads and no
+// sockets, so tests drive it over a simulated network. Callers hold the QP lock.
+#pragma once
+
+#include <algorithm>
+
+#include "core/qp.h"
+#include "io/packet.h"
+#include "wire/headers.h"
+
+namespace softrdma::core {
+
+class Transport {
+ public:
+  // requester.cc
+  static void requester(Qp& qp, io::TxBatch& tx, Nanos now);
+  // responder.cc (a request packet for this QP; the QP is in RTR or later)
+  static void responder(Qp& qp, wire::PacketView pkt, const io::RxPacket& rx, io::TxBatch& tx, Nanos now);
+  // Sends the coalesced ACK of the last burst, if any.
+  static void flush_ack(Qp& qp, io::TxBatch& tx);
+  // completer.cc (a response packet for this QP)
+  static void completer(Qp& qp, wire::PacketView pkt, io::TxBatch& tx, Nanos now);
+  // Expired timers; returns the QP's next deadline (0 = none).
+  static Nanos timers(Qp& qp, io::TxBatch& tx, Nanos now);
+  // qp_state.cc
+  static int modify(Qp& qp, const QpAttr& attr, uint32_t mask);
+  // Moves the QP to ERROR and flushes every outstanding WQE (IBTA.md 9).
+  static void to_error(Qp& qp);
+  static void reset(Qp& qp);
+
+  // Shared helpers
+  static io::TxPacket& new_packet(Qp& qp, io::TxBatch& tx, const wire::Endpoint& dst, uint8_t opcode, bool se,
+                                  uint32_t dqpn, bool ack_req, uint32_t psn, uint32_t payload_len);
+  static void complete_send(Qp& qp, SendWqe& w, WcStatus status);
+  // Completes, in order, the WQEs at the head of the SQ that are done; an error moves the QP to ERROR.
+  static void retire(Qp& qp);
+  static void complete_recv(Qp& qp, const Wc& wc, bool solicited);
+  static bool pop_rq(Qp& qp, RecvWqe* out) { return qp.rq_.pop(out); }
+  static void go_back_n(Qp& qp);
+  static void fail_head(Qp& qp, WcStatus status);
+  // The QP's nearest armed timer (0 = none).
+  static Nanos deadline(const Qp& qp) {
+    const Nanos a = qp.comp_.retrans_deadline, b = qp.comp_.rnr_deadline;
+    return !a ? b : !b ? a : std::min(a, b);
+  }
+  static Nanos ack_timeout_ns(uint8_t timeout) { return timeout ? 4096ull << timeout : 0; }
+  static Nanos rnr_delay_ns(uint8_t code);
+};
+
+}  // namespace softrdma::core

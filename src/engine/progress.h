@@ -1,0 +1,41 @@
+// The progress engine of one context: a thread that owns receiving and timers. It drains the backend in
+// bursts, runs the transport, and flushes answers in batches; after activity it spins briefly (a reply is
+// often microseconds away), then sleeps in epoll until a packet, a kick or the next timer.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <thread>
+
+#include "core/context.h"
+#include "io/packet.h"
+
+namespace softrdma::engine {
+
+struct ProgressConfig {
+  uint32_t spin_us = 50;  // busy-poll this long after the last activity before sleeping
+};
+
+class Progress {
+ public:
+  Progress(core::Context* ctx, const ProgressConfig& cfg = {});
+  ~Progress();  // stops and joins the thread
+  int start();  // 0 or errno
+  void stop();
+  void kick();  // wakes the thread (a timer was armed)
+
+ private:
+  void run();
+  bool poll_once(core::Nanos now);
+
+  core::Context* ctx_;
+  ProgressConfig cfg_;
+  int epfd_ = -1;
+  int wake_fd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> sleeping_{false};
+  std::thread thread_;
+  io::TxBatch tx_;
+};
+
+}  // namespace softrdma::engine

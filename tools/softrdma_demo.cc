@@ -1,0 +1,407 @@
+// softrdma-demo: two processes on this machine open a softrdma device, connect an RC QP, and run RDMA WRITE,
+// WRITE_WITH_IMM, READ, SEND/RECV, SEND_WITH_IMM, FETCH_AND_ADD and CMP_AND_SWP at sizes from 1 byte to
+// 8 MiB. Every byte and every atomic result is verified; it prints what moved and how fast.
+//
+//   softrdma-demo                      run both sides (forks the server)
+//   softrdma-demo server [-d DEV]      wait for a client; prints the TCP port it listens on
+//   softrdma-demo client HOST PORT [-d DEV]
+// The QP numbers, PSNs, GIDs and the buffer's rkey are exchanged over a TCP connection.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "softrdma/softrdma.h"
+
+using namespace softrdma;
+
+namespace {
+
+constexpr uint64_t kMaxSize = 8u << 20;
+constexpr uint64_t kWriteArea = 0;               // WRITE / READ target
+// WRITE_WITH_IMM targets: one place per size, since the server may still be checking an earlier one when
+// the next one lands (the data of a WRITE_WITH_IMM arrives before its receive WQE is taken).
+constexpr uint64_t kImmArea = kMaxSize;
+constexpr uint64_t kRecvArea = 4 * kMaxSize;     // receive buffers
+constexpr int kRecvBufs = 4;
+constexpr uint64_t kCounter = kRecvArea + kRecvBufs * kMaxSize;  // 8-byte atomic target
+constexpr uint64_t kBufSize = kCounter + 64;
+enum Kind : uint32_t { kSendKind = 1, kSendImmKind = 2, kWriteImmKind = 3, kDoneKind = 0xFF };
+
+struct PeerInfo {
+  uint32_t qpn, psn;
+  uint8_t gid[16];
+  uint64_t addr;
+  uint32_t rkey;
+};
+
+[[noreturn]] void die(const char* what, int err) {
+  std::fprintf(stderr, "softrdma-demo: %s: %s\n", what, std::strerror(err));
+  std::exit(1);
+}
+template <typename T>
+T check(Result<T> r, const char* what) {
+  if (!r) die(what, r.error());
+  return std::move(*r);
+}
+void check(Result<void> r, const char* what) {
+  if (!r) die(what, r.error());
+}
+
+std::vector<uint32_t> sizes();
+uint64_t imm_offset(uint32_t size_index) {
+  uint64_t off = kImmArea;
+  for (uint32_t i = 0; i < size_index; ++i) off += sizes()[i];
+  return off;
+}
+
+std::vector<uint32_t> sizes() {
+  std::vector<uint32_t> s;
+  for (uint64_t n = 1; n <= kMaxSize; n *= 2) s.push_back(static_cast<uint32_t>(n));
+  s.insert(s.begin() + 10, 1000);  // one size that is not a power of two
+  return s;
+}
+
+uint8_t pattern(uint32_t seed, uint64_t i) { return static_cast<uint8_t>((i * 131 + seed * 7 + (i >> 9)) & 0xFF); }
+void fill(uint8_t* p, uint64_t n, uint32_t seed) {
+  for (uint64_t i = 0; i < n; ++i) p[i] = pattern(seed, i);
+}
+uint64_t mismatches(const uint8_t* p, uint64_t n, uint32_t seed) {
+  uint64_t bad = 0;
+  for (uint64_t i = 0; i < n; ++i) bad += p[i] != pattern(seed, i);
+  return bad;
+}
+
+void write_all(int fd, const void* p, size_t n) {
+  if (send(fd, p, n, 0) != static_cast<ssize_t>(n)) die("side channel send", errno);
+}
+void read_all(int fd, void* p, size_t n) {
+  if (recv(fd, p, n, MSG_WAITALL) != static_cast<ssize_t>(n)) die("side channel recv", errno ? errno : EPIPE);
+}
+
+// Everything one side owns.
+struct Side {
+  std::unique_ptr<Context> ctx;
+  std::unique_ptr<ProtectionDomain> pd;
+  std::unique_ptr<CompletionQueue> cq;
+  std::unique_ptr<QueuePair> qp;
+  std::vector<uint8_t> buf;
+  std::unique_ptr<MemoryRegion> mr;
+  uint32_t psn;
+
+  explicit Side(const std::string& dev) {
+    ctx = check(Context::open(dev), "open device");
+    pd = check(ctx->alloc_pd(), "alloc_pd");
+    cq = check(ctx->create_cq(1024), "create_cq");
+    QpInit init;
+    init.send_cq = init.recv_cq = cq.get();
+    init.cap = {64, 64, 1, 1, 64};
+    qp = check(pd->create_qp(init), "create_qp");
+    buf.assign(kBufSize, 0);
+    mr = check(pd->reg_mr(buf.data(), buf.size(), kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic),
+               "reg_mr");
+    psn = std::random_device{}() & 0xFFFFFF;
+  }
+
+  PeerInfo info() const {
+    PeerInfo i{qp->qpn(), psn, {}, reinterpret_cast<uint64_t>(buf.data()), mr->rkey()};
+    std::memcpy(i.gid, ctx->gid().raw.data(), 16);
+    return i;
+  }
+
+  void connect(const PeerInfo& peer) {
+    QpAttr a;
+    a.qp_state = QpState::kInit;
+    a.qp_access_flags = kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic;
+    check(qp->modify(a, kQpState | kQpPkeyIndex | kQpPort | kQpAccessFlags), "modify INIT");
+    a.qp_state = QpState::kRtr;
+    a.path_mtu = ctx->device().active_mtu;
+    a.dest_qp_num = peer.qpn;
+    a.rq_psn = peer.psn;
+    a.max_dest_rd_atomic = 16;
+    a.min_rnr_timer = 1;
+    std::memcpy(a.ah_attr.dgid.raw.data(), peer.gid, 16);
+    check(qp->modify(a, kQpState | kQpAv | kQpPathMtu | kQpDestQpn | kQpRqPsn | kQpMaxDestRdAtomic |
+                            kQpMinRnrTimer),
+          "modify RTR");
+    a.qp_state = QpState::kRts;
+    a.sq_psn = psn;
+    a.timeout = 14;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.max_rd_atomic = 16;
+    check(qp->modify(a, kQpState | kQpSqPsn | kQpTimeout | kQpRetryCnt | kQpRnrRetry | kQpMaxQpRdAtomic),
+          "modify RTS");
+  }
+
+  Wc wait() {
+    Wc wc;
+    while (cq->poll(std::span(&wc, 1)) == 0) {
+    }
+    if (wc.status != WcStatus::kSuccess) {
+      std::fprintf(stderr, "softrdma-demo: completion wr_id %lu failed: %s\n", static_cast<unsigned long>(wc.wr_id),
+                   wc_status_str(wc.status));
+      std::exit(1);
+    }
+    return wc;
+  }
+
+  void post_recv(int slot) {
+    Sge s = mr->sge(kRecvArea + slot * kMaxSize, kMaxSize);
+    check(qp->post_recv(RecvWr{static_cast<uint64_t>(slot), std::span(&s, 1)}), "post_recv");
+  }
+};
+
+int listen_any(uint16_t* port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) || listen(fd, 1) ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len))
+    die("listen", errno);
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
+// The server checks every message that reaches it and reports the totals when the client says done.
+int server(const std::string& dev, int lfd, int ready_fd) {
+  Side s(dev);
+  if (ready_fd >= 0) {
+    char c = 1;
+    [[maybe_unused]] ssize_t n = write(ready_fd, &c, 1);
+    close(ready_fd);
+  }
+  int fd = accept(lfd, nullptr, nullptr);
+  if (fd < 0) die("accept", errno);
+  PeerInfo peer;
+  read_all(fd, &peer, sizeof peer);
+  const PeerInfo mine = s.info();
+  write_all(fd, &mine, sizeof mine);
+  s.connect(peer);
+  for (int i = 0; i < kRecvBufs; ++i) s.post_recv(i);  // until then, the client's SENDs get RNR NAKs
+  const auto sz = sizes();
+  uint64_t messages = 0, bytes = 0, bad = 0;
+  for (;;) {
+    Wc wc = s.wait();
+    const uint32_t imm = ntohl(wc.imm_data);
+    const uint32_t kind = (wc.wc_flags & kWcWithImm) ? imm >> 24 : kSendKind;
+    if (kind == kDoneKind) break;
+    const uint32_t size_index = (wc.wc_flags & kWcWithImm) ? imm & 0xFFFF : 0;
+    const uint8_t* data = wc.opcode == WcOpcode::kRecvRdmaWithImm ? s.buf.data() + imm_offset(size_index)
+                                                                  : s.buf.data() + kRecvArea + wc.wr_id * kMaxSize;
+    // A plain SEND carries no index: its length tells which size it is.
+    uint32_t seed = 0;
+    if (kind == kSendKind) {
+      for (size_t i = 0; i < sz.size(); ++i)
+        if (sz[i] == wc.byte_len) seed = kSendKind * 100 + static_cast<uint32_t>(i);
+    } else {
+      seed = kind * 100 + size_index;
+      if (size_index >= sz.size() || sz[size_index] != wc.byte_len) ++bad;
+    }
+    bad += mismatches(data, wc.byte_len, seed);
+    ++messages;
+    bytes += wc.byte_len;
+    if (wc.opcode == WcOpcode::kRecv || wc.opcode == WcOpcode::kRecvRdmaWithImm) s.post_recv(static_cast<int>(wc.wr_id));
+  }
+  const uint64_t report[3] = {messages, bytes, bad};
+  write_all(fd, report, sizeof report);
+  char c;
+  read_all(fd, &c, 1);  // the client has read everything back
+  close(fd);
+  return bad ? 1 : 0;
+}
+
+struct Stat {
+  const char* name;
+  uint64_t ops = 0, bytes = 0;
+  double secs = 0;
+};
+
+int client(const std::string& dev, const char* host, uint16_t port) {
+  Side s(dev);
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  inet_pton(AF_INET, host, &a.sin_addr);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a)) die("connect", errno);
+  const PeerInfo mine = s.info();
+  write_all(fd, &mine, sizeof mine);
+  PeerInfo peer;
+  read_all(fd, &peer, sizeof peer);
+  s.connect(peer);
+  std::printf("softrdma-demo: %s, local QP 0x%06x -> remote QP 0x%06x at %s, path MTU %u\n",
+              s.ctx->device().name.c_str(), mine.qpn, peer.qpn, s.ctx->gid().to_string().c_str(),
+              mtu_bytes(s.ctx->device().active_mtu));
+
+  Stat st[] = {{"RDMA_WRITE"}, {"RDMA_READ"}, {"RDMA_WRITE_WITH_IMM"}, {"SEND"}, {"SEND_WITH_IMM"},
+               {"ATOMIC_FETCH_AND_ADD"}, {"ATOMIC_CMP_AND_SWP"}};
+  auto timed = [&s](Stat& stat, const SendWr& wr, uint64_t len) {
+    const auto t0 = std::chrono::steady_clock::now();
+    check(s.qp->post_send(wr), "post_send");
+    s.wait();
+    stat.secs += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++stat.ops;
+    stat.bytes += len;
+  };
+  uint8_t* local = s.buf.data();
+  uint8_t* back = s.buf.data() + kMaxSize;
+  uint64_t bad = 0;
+  const auto sz = sizes();
+  for (size_t i = 0; i < sz.size(); ++i) {
+    const uint32_t n = sz[i];
+    const uint32_t idx = static_cast<uint32_t>(i);
+    SendWr wr;
+    wr.send_flags = kSendSignaled;
+    Sge sge = s.mr->sge(0, n);
+    wr.sg_list = std::span(&sge, 1);
+
+    // WRITE, then READ it back into another buffer: both directions verified here.
+    fill(local, n, 1000 + idx);
+    wr.opcode = WrOpcode::kRdmaWrite;
+    wr.remote_addr = peer.addr + kWriteArea;
+    wr.rkey = peer.rkey;
+    timed(st[0], wr, n);
+    std::memset(back, 0, n);
+    Sge rsge = s.mr->sge(kMaxSize, n);
+    wr.sg_list = std::span(&rsge, 1);
+    wr.opcode = WrOpcode::kRdmaRead;
+    timed(st[1], wr, n);
+    bad += mismatches(back, n, 1000 + idx);
+    wr.sg_list = std::span(&sge, 1);
+
+    // WRITE_WITH_IMM, SEND, SEND_WITH_IMM: the server checks these.
+    fill(local, n, kWriteImmKind * 100 + idx);
+    wr.opcode = WrOpcode::kRdmaWriteWithImm;
+    wr.remote_addr = peer.addr + imm_offset(idx);
+    wr.imm_data = htonl(kWriteImmKind << 24 | idx);
+    timed(st[2], wr, n);
+    fill(local, n, kSendKind * 100 + idx);
+    wr.opcode = WrOpcode::kSend;
+    timed(st[3], wr, n);
+    fill(local, n, kSendImmKind * 100 + idx);
+    wr.opcode = WrOpcode::kSendWithImm;
+    wr.imm_data = htonl(kSendImmKind << 24 | idx);
+    timed(st[4], wr, n);
+  }
+
+  // Atomics on the server's counter: every returned value is checked against the expected sequence.
+  uint64_t expect = 0;
+  Sge asge = s.mr->sge(2 * kMaxSize, 8);
+  auto* result = reinterpret_cast<uint64_t*>(s.buf.data() + 2 * kMaxSize);
+  SendWr aw;
+  aw.send_flags = kSendSignaled;
+  aw.sg_list = std::span(&asge, 1);
+  aw.remote_addr = peer.addr + kCounter;
+  aw.rkey = peer.rkey;
+  for (uint64_t k = 1; k <= 1000; ++k) {
+    aw.opcode = WrOpcode::kAtomicFetchAndAdd;
+    aw.compare_add = k;
+    timed(st[5], aw, 8);
+    bad += *result != expect;
+    expect += k;
+    aw.opcode = WrOpcode::kAtomicCmpAndSwp;
+    aw.compare_add = (k % 3 == 0) ? expect + 1 : expect;  // every third compare misses: no swap
+    aw.swap = expect ^ 0x5555;
+    timed(st[6], aw, 8);
+    bad += *result != expect;
+    if (k % 3 != 0) expect ^= 0x5555;
+  }
+  // The final value, read back.
+  Sge csge = s.mr->sge(2 * kMaxSize + 8, 8);
+  SendWr rd;
+  rd.opcode = WrOpcode::kRdmaRead;
+  rd.send_flags = kSendSignaled;
+  rd.sg_list = std::span(&csge, 1);
+  rd.remote_addr = peer.addr + kCounter;
+  rd.rkey = peer.rkey;
+  check(s.qp->post_send(rd), "post_send");
+  s.wait();
+  bad += result[1] != expect;
+
+  SendWr done;
+  done.opcode = WrOpcode::kSendWithImm;
+  done.send_flags = kSendSignaled;
+  done.imm_data = htonl(uint32_t{kDoneKind} << 24);
+  check(s.qp->post_send(done), "post_send");
+  s.wait();
+  uint64_t report[3];
+  read_all(fd, report, sizeof report);
+  char c = 1;
+  write_all(fd, &c, 1);
+  close(fd);
+
+  std::printf("%-22s %8s %14s %10s %12s %10s\n", "operation", "ops", "bytes", "seconds", "MiB/s", "us/op");
+  for (const Stat& x : st)
+    std::printf("%-22s %8lu %14lu %10.3f %12.1f %10.1f\n", x.name, static_cast<unsigned long>(x.ops),
+                static_cast<unsigned long>(x.bytes), x.secs, x.bytes / x.secs / (1 << 20), x.secs * 1e6 / x.ops);
+  std::printf("sizes 1 B .. 8 MiB; client verified %s; server verified %lu messages (%lu bytes): %s\n",
+              bad ? "MISMATCHES" : "every byte and atomic result", static_cast<unsigned long>(report[0]),
+              static_cast<unsigned long>(report[1]), report[2] ? "MISMATCHES" : "all correct");
+  Counters& k = s.ctx->counters();
+  std::printf("client counters: %lu packets sent, %lu received, %lu retransmitted\n",
+              static_cast<unsigned long>(k.get(Counter::tx_packets)),
+              static_cast<unsigned long>(k.get(Counter::rx_packets)),
+              static_cast<unsigned long>(k.get(Counter::retransmits)));
+  return bad || report[2] ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string dev = "sr_lo";
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "-d") == 0 && i + 1 < argc) {
+      dev = argv[++i];
+    } else if (std::strcmp(argv[i], "-h") == 0 || std::strcmp(argv[i], "--help") == 0) {
+      std::printf("usage: softrdma-demo [server | client HOST PORT] [-d DEVICE]\n");
+      return 0;
+    } else {
+      args.push_back(argv[i]);
+    }
+  }
+  if (!args.empty() && args[0] == "server") {
+    uint16_t port;
+    int lfd = listen_any(&port);
+    std::printf("listening on 127.0.0.1:%u\n", port);
+    std::fflush(stdout);
+    return server(dev, lfd, -1);
+  }
+  if (args.size() == 3 && args[0] == "client") return client(dev, args[1].c_str(), std::atoi(args[2].c_str()));
+  if (!args.empty()) {
+    std::fprintf(stderr, "usage: softrdma-demo [server | client HOST PORT] [-d DEVICE]\n");
+    return 2;
+  }
+  // Both sides: the server in a child process.
+  uint16_t port;
+  int lfd = listen_any(&port);
+  int ready[2];
+  if (pipe(ready)) die("pipe", errno);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(ready[0]);
+    _exit(server(dev, lfd, ready[1]));
+  }
+  close(ready[1]);
+  char c;
+  [[maybe_unused]] ssize_t n = read(ready[0], &c, 1);
+  close(lfd);
+  const int rc = client(dev, "127.0.0.1", port);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  const bool server_ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  if (!server_ok) std::fprintf(stderr, "softrdma-demo: the server failed\n");
+  return rc == 0 && server_ok ? 0 : 1;
+}

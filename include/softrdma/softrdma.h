@@ -180,6 +180,7 @@ class ProtectionDomain {
   Result<std::unique_ptr<QueuePair>> create_qp(const QpInit& init);
   Result<std::unique_ptr<AddressHandle>> create_ah(const AhAttr& attr);
   Result<std::unique_ptr<SharedReceiveQueue>> create_srq(uint32_t max_wr, uint32_t max_sge, uint32_t limit = 0);
+  core::Pd* core() const { return pd_; }
 
  private:
   friend class Context;

@@ -113,18 +113,31 @@ Result<CompletionQueue*> CompletionChannel::get_event() {
   return static_cast<CompletionQueue*>((*cq)->user_context);
 }
 
-CompletionQueue::~CompletionQueue() { ctx_->destroy_cq(cq_); }
+CompletionQueue::~CompletionQueue() {
+  if (cq_) ctx_->destroy_cq(cq_);
+}
 
 Result<void> CompletionQueue::req_notify(bool solicited_only) {
   if (int err = cq_->req_notify(solicited_only)) return std::unexpected(err);
   return {};
 }
 
-MemoryRegion::~MemoryRegion() { ctx_->dereg_mr(mr_); }
-QueuePair::~QueuePair() { ctx_->destroy_qp(qp_); }
-AddressHandle::~AddressHandle() { ctx_->destroy_ah(ah_); }
-SharedReceiveQueue::~SharedReceiveQueue() { ctx_->destroy_srq(srq_); }
-ProtectionDomain::~ProtectionDomain() { ctx_->dealloc_pd(pd_); }
+// A handle whose creation failed holds nothing.
+MemoryRegion::~MemoryRegion() {
+  if (mr_) ctx_->dereg_mr(mr_);
+}
+QueuePair::~QueuePair() {
+  if (qp_) ctx_->destroy_qp(qp_);
+}
+AddressHandle::~AddressHandle() {
+  if (ah_) ctx_->destroy_ah(ah_);
+}
+SharedReceiveQueue::~SharedReceiveQueue() {
+  if (srq_) ctx_->destroy_srq(srq_);
+}
+ProtectionDomain::~ProtectionDomain() {
+  if (pd_) ctx_->dealloc_pd(pd_);
+}
 
 Result<void> QueuePair::modify(const QpAttr& attr, uint32_t mask) {
   if (int err = qp_->modify(attr, mask)) return std::unexpected(err);

@@ -268,6 +268,32 @@ Nanos Context::tick(io::TxBatch& tx, Nanos now) {
   return next;
 }
 
+int Context::drive(io::TxBatch& tx, Nanos now, bool run_timers) {
+  if (driving_.exchange(true, std::memory_order_acquire)) return -1;
+  io::RxPacket pkts[io::TxBatch::kMax];
+  int total = 0;
+  for (int i = 0; i < 64; ++i) {  // bounded, so timers still run under a flood
+    const uint32_t n = backend_->rx_burst(pkts, io::TxBatch::kMax);
+    if (n == 0) break;
+    total += static_cast<int>(n);
+    rx_burst(std::span(pkts, n), tx, now);
+  }
+  if (run_timers || now >= next_tick_.load(std::memory_order_relaxed)) {
+    const Nanos next = tick(tx, now);
+    next_tick_.store(next ? next : now + 1'000'000, std::memory_order_relaxed);
+  }
+  driving_.store(false, std::memory_order_release);
+  return total;
+}
+
+bool Context::drive_from_app() {
+  thread_local io::TxBatch tx;
+  tx.sink = backend_;
+  const Nanos t = now();
+  app_drive_ns_.store(t, std::memory_order_relaxed);
+  return drive(tx, t, false) > 0;
+}
+
 void Context::kick() {
   if (kick_fn_) kick_fn_(kick_arg_);
 }

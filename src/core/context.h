@@ -71,6 +71,18 @@ class Context {
   void rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now);
   // Runs expired timers; returns the nearest deadline still armed (0 = none).
   Nanos tick(io::TxBatch& tx, Nanos now);
+  // Receive progress from whichever thread gets there: the progress thread, or an application thread that
+  // polls an empty CQ (so a busy-polling application needs no other thread to run on a 2-core machine).
+  // Returns the number of packets received, or -1 when another thread is driving. `tx` is that thread's
+  // batch.
+  int drive(io::TxBatch& tx, Nanos now, bool run_timers);
+  // Whether an application thread drove progress within `ns` before `now`.
+  bool app_driving(Nanos now, Nanos ns) const {
+    return now - app_drive_ns_.load(std::memory_order_relaxed) < ns;
+  }
+  // From an application thread: drives progress with a batch of its own if no one else is.
+  bool drive_from_app();
+
   // Asks the driver to call tick() soon (a QP armed a timer or has queued work).
   void kick();
   void set_kick(void (*fn)(void*), void* arg) {
@@ -102,7 +114,10 @@ class Context {
   std::vector<uint16_t> ports_;                      // opened ports with free QPN slots
   std::vector<Qp*> qps_;                             // every QP, for the timer scan
   std::atomic<uint32_t> qp_count_{0};
-  std::atomic<uint64_t> driver_gen_{0};  // odd while rx_burst or tick runs (destroy_qp waits it out)
+  std::atomic<uint64_t> driver_gen_{0};
+  std::atomic<bool> driving_{false};       // one receiver at a time (io backends allow one rx caller)
+  std::atomic<Nanos> app_drive_ns_{0};
+  std::atomic<Nanos> next_tick_{0};  // odd while rx_burst or tick runs (destroy_qp waits it out)
   uint16_t next_virtual_port_ = 0xC000;  // standard mode: QPN blocks not tied to sockets
 
   void (*kick_fn_)(void*) = nullptr;

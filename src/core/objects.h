@@ -142,6 +142,8 @@ class Cq {
   uint32_t events_completed = 0;   // ibv_ack_cq_events bookkeeping
 
  private:
+  uint32_t take(std::span<Wc> out);
+
   Context* ctx_;
   CompChannel* channel_;
   uint32_t cap_;

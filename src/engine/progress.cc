@@ -6,17 +6,21 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
+#include <sys/syscall.h>
 
 namespace softrdma::engine {
 
 Progress::Progress(core::Context* ctx, const ProgressConfig& cfg) : ctx_(ctx), cfg_(cfg) {
   tx_.sink = ctx->backend();
+  if (const char* s = getenv("SOFTRDMA_SPIN_US")) cfg_.spin_us = static_cast<uint32_t>(atoi(s));
 }
 
 Progress::~Progress() {
   stop();
   if (wake_fd_ >= 0) close(wake_fd_);
   if (epfd_ >= 0) close(epfd_);
+  if (idle_epfd_ >= 0) close(idle_epfd_);
 }
 
 int Progress::start() {
@@ -27,6 +31,8 @@ int Progress::start() {
   ev.events = EPOLLIN;
   ev.data.u32 = 1;
   if (epoll_ctl(epfd_, EPOLL_CTL_ADD, wake_fd_, &ev) != 0) return errno;
+  idle_epfd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (idle_epfd_ < 0 || epoll_ctl(idle_epfd_, EPOLL_CTL_ADD, wake_fd_, &ev) != 0) return errno;
   if (int fd = ctx_->backend()->poll_fd(); fd >= 0) {
     ev.data.u32 = 2;
     if (epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) != 0) return errno;
@@ -45,6 +51,11 @@ void Progress::stop() {
   ctx_->set_kick(nullptr, nullptr);
 }
 
+void Progress::drain_wake_fd() {
+  uint64_t v;
+  [[maybe_unused]] ssize_t r = read(wake_fd_, &v, sizeof v);
+}
+
 void Progress::kick() {
   // Only a sleeping thread needs the syscall; a spinning one sees new deadlines on its own.
   if (sleeping_.load(std::memory_order_acquire)) {
@@ -53,30 +64,49 @@ void Progress::kick() {
   }
 }
 
-bool Progress::poll_once(core::Nanos now) {
-  io::RxPacket pkts[io::TxBatch::kMax];
-  bool any = false;
-  // Drain what is queued, a burst at a time, bounded so timers still run under a flood.
-  for (int i = 0; i < 64; ++i) {
-    const uint32_t n = ctx_->backend()->rx_burst(pkts, io::TxBatch::kMax);
-    if (n == 0) break;
-    any = true;
-    ctx_->rx_burst(std::span(pkts, n), tx_, now);
-  }
-  return any;
+namespace {
+// Asks the scheduler for a short time slice (EEVDF, Linux 6.12+): a woken progress thread then preempts a
+// thread that spins on the CPU at once instead of after that thread's slice (about 3 ms), which would be
+// the latency of every packet on a machine whose cores are all busy. Older kernels ignore or refuse it.
+void request_short_slice() {
+  struct SchedAttr {
+    uint32_t size, policy;
+    uint64_t flags;
+    int32_t nice;
+    uint32_t priority;
+    uint64_t runtime, deadline, period;
+    uint32_t util_min, util_max;
+  } attr{};
+  attr.size = sizeof attr;
+  attr.policy = 0;  // SCHED_OTHER
+  attr.runtime = 100'000;  // the shortest slice the kernel accepts
+  [[maybe_unused]] long r = syscall(SYS_sched_setattr, 0, &attr, 0);
 }
+}  // namespace
 
 void Progress::run() {
+  request_short_slice();
   core::Nanos last_activity = ctx_->now();
   core::Nanos tick_at = 0;
-  constexpr core::Nanos kTickEvery = 100'000;  // while spinning, a timer armed meanwhile is seen this late
+  constexpr core::Nanos kTickEvery = 100'000;
+  constexpr core::Nanos kAppDriveWindow = 1'000'000;  // while spinning, a timer armed meanwhile is seen this late
   while (!stop_.load(std::memory_order_relaxed)) {
     core::Nanos now = ctx_->now();
-    if (poll_once(now)) last_activity = now;
-    if (now >= tick_at) {
-      const core::Nanos next = ctx_->tick(tx_, now);
-      tick_at = next ? std::min(next, now + kTickEvery) : now + kTickEvery;
+    const bool run_timers = now >= tick_at;
+    const int got = ctx_->drive(tx_, now, run_timers);
+    if (got > 0) last_activity = now;
+    if (got >= 0 && run_timers) tick_at = now + kTickEvery;
+    // An application thread is polling its CQ and so receives for itself: stay out of its way (on 2 cores
+    // every spinning thread costs the others), waking only for timers or to take over when it stops.
+    if (ctx_->app_driving(now, kAppDriveWindow)) {
+      sleeping_.store(true, std::memory_order_release);
+      epoll_event ev;
+      const int n = epoll_wait(idle_epfd_, &ev, 1, 1);
+      sleeping_.store(false, std::memory_order_release);
+      if (n > 0) drain_wake_fd();
+      continue;
     }
+    // Spin briefly after activity.
     if (now - last_activity < core::Nanos{cfg_.spin_us} * 1000) continue;
 
     // Sleep until a packet, a kick or the next timer.
@@ -90,12 +120,8 @@ void Progress::run() {
     epoll_event evs[4];
     const int n = epoll_wait(epfd_, evs, 4, timeout_ms);
     sleeping_.store(false, std::memory_order_release);
-    for (int i = 0; i < n; ++i) {
-      if (evs[i].data.u32 == 1) {
-        uint64_t v;
-        [[maybe_unused]] ssize_t r = read(wake_fd_, &v, sizeof v);
-      }
-    }
+    for (int i = 0; i < n; ++i)
+      if (evs[i].data.u32 == 1) drain_wake_fd();
     last_activity = ctx_->now();
     tick_at = 0;  // after waking, run timers at once: a kick may have armed an earlier one
   }

@@ -13,7 +13,7 @@
 namespace softrdma::engine {
 
 struct ProgressConfig {
-  uint32_t spin_us = 50;  // busy-poll this long after the last activity before sleeping
+  uint32_t spin_us = 20;  // busy-poll this long after the last activity before sleeping
 };
 
 class Progress {
@@ -26,11 +26,12 @@ class Progress {
 
  private:
   void run();
-  bool poll_once(core::Nanos now);
+  void drain_wake_fd();
 
   core::Context* ctx_;
   ProgressConfig cfg_;
-  int epfd_ = -1;
+  int epfd_ = -1;       // the backend's fd and wake_fd_
+  int idle_epfd_ = -1;  // wake_fd_ only
   int wake_fd_ = -1;
   std::atomic<bool> stop_{false};
   std::atomic<bool> sleeping_{false};

@@ -100,7 +100,7 @@ UdpIo::UdpIo(const wire::Gid& local_addr, uint32_t scope_id, Counters* counters)
       counters_(counters != nullptr ? counters : &own_counters_) {}
 
 UdpIo::~UdpIo() {
-  for (auto& s : sockets_) close(s->fd);
+  for (auto& s : owned_) close(s->fd);
   if (epfd_ >= 0) close(epfd_);
 }
 
@@ -118,8 +118,9 @@ std::expected<std::unique_ptr<UdpIo>, int> UdpIo::create(const wire::Gid& local_
   }
   std::unique_ptr<UdpIo> io(new (std::nothrow) UdpIo(local_addr, scope_id, counters));
   if (!io) return std::unexpected(ENOMEM);
-  io->tx_.reset(new (std::nothrow) TxScratch);
-  if (!io->tx_) return std::unexpected(ENOMEM);
+  io->slots_.reset(new (std::nothrow) std::atomic<Socket*>[kMaxSockets]);
+  if (!io->slots_) return std::unexpected(ENOMEM);
+  for (size_t i = 0; i < kMaxSockets; ++i) io->slots_[i].store(nullptr, std::memory_order_relaxed);
   io->epfd_ = epoll_create1(EPOLL_CLOEXEC);
   if (io->epfd_ < 0) return std::unexpected(errno);
   return io;
@@ -182,41 +183,65 @@ std::expected<uint16_t, int> UdpIo::open_port(uint16_t port) {
   ev.data.ptr = s.get();
   if (epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) != 0) return fail(errno);
 
-  std::lock_guard lock(tx_mu_);
-  sockets_.push_back(std::move(s));
+  // Senders and the receiver read the slots without a lock; a slot, once filled, is never reused.
+  std::lock_guard lock(ctl_mu_);
+  const uint32_t n = nslots_.load(std::memory_order_relaxed);
+  if (n == kMaxSockets) {
+    epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
+    return fail(ENOSPC);
+  }
+  slots_[n].store(s.get(), std::memory_order_release);
+  nslots_.store(n + 1, std::memory_order_release);
+  owned_.push_back(std::move(s));
   return bound_port;
 }
 
+// The socket stops sending and receiving at once; its fd and buffers live until the UdpIo goes, since
+// another thread may be in sendmmsg on it right now (closing it could hand its number to a new file).
 void UdpIo::close_port(uint16_t port) {
-  std::lock_guard lock(tx_mu_);
-  for (auto it = sockets_.begin(); it != sockets_.end(); ++it) {
-    if ((*it)->port != port) continue;
-    epoll_ctl(epfd_, EPOLL_CTL_DEL, (*it)->fd, nullptr);
-    close((*it)->fd);
-    if (tx_last_ == it->get()) tx_last_ = nullptr;
-    sockets_.erase(it);
-    rx_rr_ = 0;
+  std::lock_guard lock(ctl_mu_);
+  const uint32_t n = nslots_.load(std::memory_order_relaxed);
+  for (uint32_t i = 0; i < n; ++i) {
+    Socket* s = slots_[i].load(std::memory_order_relaxed);
+    if (s == nullptr || s->port != port) continue;
+    epoll_ctl(epfd_, EPOLL_CTL_DEL, s->fd, nullptr);
+    slots_[i].store(nullptr, std::memory_order_release);
     return;
   }
 }
 
-UdpIo::Socket* UdpIo::find_socket(uint16_t port) {
-  if (tx_last_ != nullptr && tx_last_->port == port) return tx_last_;
-  for (auto& s : sockets_) {
-    if (s->port == port) return tx_last_ = s.get();
+size_t UdpIo::num_ports() const {
+  size_t open = 0;
+  for (uint32_t i = 0, n = nslots_.load(std::memory_order_acquire); i < n; ++i)
+    open += slots_[i].load(std::memory_order_acquire) != nullptr;
+  return open;
+}
+
+UdpIo::Socket* UdpIo::find_socket(uint16_t port) const {
+  const uint32_t n = nslots_.load(std::memory_order_acquire);
+  for (uint32_t i = 0; i < n; ++i) {
+    Socket* s = slots_[i].load(std::memory_order_acquire);
+    if (s != nullptr && s->port == port) return s;
   }
   return nullptr;
 }
 
 // ---- Transmit ----
 
+// Each sending thread has its own message arrays: no lock is shared by QPs that send from different threads.
+UdpIo::TxScratch& UdpIo::scratch() {
+  thread_local TxScratch t;
+  return t;
+}
+
 void UdpIo::tx_burst(std::span<TxPacket> pkts) {
-  std::lock_guard lock(tx_mu_);
-  TxScratch& t = *tx_;
+  TxScratch& t = scratch();
+  Socket* last = nullptr;
   uint64_t dropped = 0;
   size_t i = 0;
   while (i < pkts.size()) {
-    Socket* s = find_socket(pkts[i].src.port);
+    Socket* s = last != nullptr && last->port == pkts[i].src.port ? last : find_socket(pkts[i].src.port);
+    last = s;
     if (s == nullptr) {
       ++dropped;
       ++i;
@@ -271,15 +296,14 @@ void UdpIo::tx_burst(std::span<TxPacket> pkts) {
       t.len[m] = static_cast<uint32_t>(len);
       ++m;
     }
-    if (m != 0) send_chunk(*s, m);
+    if (m != 0) send_chunk(*s, t, m);
   }
   if (dropped != 0) tx_dropped_.fetch_add(dropped, std::memory_order_relaxed);
 }
 
 // Sends t.msgs[0, n) on `s`; partial sends continue, EAGAIN/ENOBUFS waits briefly, other errors drop the
 // message at fault and go on.
-void UdpIo::send_chunk(Socket& s, uint32_t n) {
-  TxScratch& t = *tx_;
+void UdpIo::send_chunk(Socket& s, TxScratch& t, uint32_t n) {
   uint32_t sent = 0;
   uint64_t packets = 0, bytes = 0, dropped = 0;
   int stalls = 0;
@@ -322,12 +346,14 @@ void UdpIo::send_chunk(Socket& s, uint32_t n) {
 // ---- Receive ----
 
 uint32_t UdpIo::rx_burst(RxPacket* out, uint32_t max) {
-  const size_t n = sockets_.size();
+  const size_t n = nslots_.load(std::memory_order_acquire);
   if (n == 0 || max == 0) return 0;
   uint32_t got = 0;
   if (n <= kDirectRecvMaxSockets) {
-    for (size_t k = 0; k < n && got < max; ++k)
-      got += recv_socket(*sockets_[(rx_rr_ + k) % n], out + got, max - got);
+    for (size_t k = 0; k < n && got < max; ++k) {
+      Socket* s = slots_[(rx_rr_ + k) % n].load(std::memory_order_acquire);
+      if (s != nullptr) got += recv_socket(*s, out + got, max - got);
+    }
     rx_rr_ = (rx_rr_ + 1) % n;
     return got;
   }

@@ -66,7 +66,7 @@ class UdpIo : public Backend {
   uint32_t rx_burst(RxPacket* out, uint32_t max) override;
 
   const wire::Gid& local_addr() const override { return local_addr_; }
-  size_t num_ports() const { return sockets_.size(); }
+  size_t num_ports() const;  // open ones
   // Drops with no counter in core/counters.h yet.
   uint64_t tx_dropped() const { return tx_dropped_.load(std::memory_order_relaxed); }
   uint64_t rx_oversize() const { return rx_oversize_.load(std::memory_order_relaxed); }
@@ -76,9 +76,10 @@ class UdpIo : public Backend {
   struct TxScratch;
 
   UdpIo(const wire::Gid& local_addr, uint32_t scope_id, Counters* counters);
-  Socket* find_socket(uint16_t port);
+  Socket* find_socket(uint16_t port) const;
+  static TxScratch& scratch();
   uint32_t recv_socket(Socket& s, RxPacket* out, uint32_t room);
-  void send_chunk(Socket& s, uint32_t n);
+  void send_chunk(Socket& s, TxScratch& t, uint32_t n);
 
   // ---- Fault injection hook (ARCHITECTURE.md "Reliability"): NOT IMPLEMENTED YET. ----
   // tx_burst calls fault_tx() for each packet before framing it and rx_burst calls fault_rx() for each
@@ -94,12 +95,12 @@ class UdpIo : public Backend {
   Counters own_counters_;
   Counters* const counters_;
   int epfd_ = -1;
-  std::vector<std::unique_ptr<Socket>> sockets_;
+  static constexpr uint32_t kMaxSockets = 4096;  // x 256 QPNs each
+  std::unique_ptr<std::atomic<Socket*>[]> slots_;  // filled in order, never reused; null once closed
+  std::atomic<uint32_t> nslots_{0};
+  std::mutex ctl_mu_;  // open_port / close_port
+  std::vector<std::unique_ptr<Socket>> owned_;
   size_t rx_rr_ = 0;  // round-robin start for rx_burst
-
-  std::mutex tx_mu_;  // guards tx_ (the sendmmsg arrays) and the socket list against open/close
-  std::unique_ptr<TxScratch> tx_;
-  Socket* tx_last_ = nullptr;  // last socket tx_burst used (under tx_mu_)
 
   std::atomic<uint64_t> tx_dropped_{0};
   std::atomic<uint64_t> rx_oversize_{0};

@@ -1,0 +1,272 @@
+// The native API over a real context on sr_lo: objects, their limits and the errno of each misuse (the
+// value rdma-core/rxe return), completion channels, solicited events, CQ overflow and the SRQ limit event.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+
+#include <cstring>
+#include <vector>
+
+#include "softrdma/connect.h"
+#include "softrdma/softrdma.h"
+
+namespace softrdma {
+namespace {
+
+std::unique_ptr<Context> open_lo() {
+  auto ctx = Context::open("sr_lo");
+  EXPECT_TRUE(ctx.has_value()) << (ctx ? 0 : ctx.error());
+  return ctx ? std::move(*ctx) : nullptr;
+}
+
+TEST(Api, OpenUnknownDeviceIsEnodev) {
+  auto ctx = Context::open("sr_no_such_interface");
+  ASSERT_FALSE(ctx);
+  EXPECT_EQ(ctx.error(), ENODEV);
+  OpenOptions bad;
+  bad.gid_index = 999;
+  auto ctx2 = Context::open("sr_lo", bad);
+  ASSERT_FALSE(ctx2);
+  EXPECT_EQ(ctx2.error(), EINVAL);
+}
+
+TEST(Api, DeviceListHasLoWithRoceV2Gids) {
+  bool found = false;
+  for (const DeviceInfo& d : list_devices()) {
+    if (d.name != "sr_lo") continue;
+    found = true;
+    ASSERT_GE(d.gids.size(), 2u);
+    EXPECT_EQ(d.gids[1].gid.to_string(), "127.0.0.1");
+    EXPECT_TRUE(d.gids[1].roce_v2);
+    EXPECT_EQ(d.active_mtu, Mtu::k4096);
+  }
+  EXPECT_TRUE(found);
+}
+
+TEST(Api, RegMrChecksAccess) {
+  auto ctx = open_lo();
+  auto pd = *ctx->alloc_pd();
+  std::vector<uint8_t> buf(4096);
+  // Remote write or atomic without local write: EINVAL, as ibv_reg_mr.
+  auto mr = pd->reg_mr(buf.data(), buf.size(), kRemoteWrite);
+  ASSERT_FALSE(mr);
+  EXPECT_EQ(mr.error(), EINVAL);
+  mr = pd->reg_mr(buf.data(), buf.size(), kRemoteAtomic);
+  ASSERT_FALSE(mr);
+  EXPECT_EQ(mr.error(), EINVAL);
+  mr = pd->reg_mr(nullptr, 100, kLocalWrite);
+  ASSERT_FALSE(mr);
+  EXPECT_EQ(mr.error(), EINVAL);
+  auto ok = pd->reg_mr(buf.data(), buf.size(), kLocalWrite | kRemoteWrite | kRemoteRead);
+  ASSERT_TRUE(ok);
+  auto ok2 = pd->reg_mr(buf.data(), buf.size(), kLocalWrite);
+  ASSERT_TRUE(ok2);
+  EXPECT_NE((*ok)->rkey(), (*ok2)->rkey());  // distinct random keys
+}
+
+TEST(Api, InUseObjectsAreBusy) {
+  auto ctx = open_lo();
+  auto pd = *ctx->alloc_pd();
+  std::vector<uint8_t> buf(4096);
+  auto mr = *pd->reg_mr(buf.data(), buf.size(), kLocalWrite);
+  auto cq = *ctx->create_cq(16);
+  QpInit init;
+  init.send_cq = init.recv_cq = cq.get();
+  auto qp = *pd->create_qp(init);
+  core::Context* c = ctx->core();
+  // What the handles' destructors call: refused while something still uses the object (ibv_dealloc_pd and
+  // ibv_destroy_cq return EBUSY).
+  EXPECT_EQ(c->dealloc_pd(pd->core()), EBUSY);
+  EXPECT_EQ(c->destroy_cq(cq->core()), EBUSY);
+  qp.reset();
+  cq.reset();
+  EXPECT_EQ(c->dealloc_pd(pd->core()), EBUSY);  // still the MR
+  mr.reset();
+  core::Pd* raw = pd->core();
+  EXPECT_EQ(raw->users.load(), 0u);  // nothing holds it now: the handle's destructor frees it
+}
+
+TEST(Api, CreateCqLimits) {
+  auto ctx = open_lo();
+  auto cq = ctx->create_cq(0);
+  ASSERT_FALSE(cq);
+  EXPECT_EQ(cq.error(), EINVAL);
+  cq = ctx->create_cq(core::kMaxCqe + 1);
+  ASSERT_FALSE(cq);
+  EXPECT_EQ(cq.error(), EINVAL);
+  EXPECT_TRUE(ctx->create_cq(1));
+}
+
+TEST(Api, CreateQpLimits) {
+  auto ctx = open_lo();
+  auto pd = *ctx->alloc_pd();
+  auto cq = *ctx->create_cq(16);
+  QpInit init;
+  init.send_cq = init.recv_cq = cq.get();
+  init.cap = {16, 16, core::kMaxSge + 1, 1, 0};
+  auto qp = pd->create_qp(init);
+  ASSERT_FALSE(qp);
+  EXPECT_EQ(qp.error(), EINVAL);
+  init.cap = {core::kMaxQpWr + 1, 16, 1, 1, 0};
+  qp = pd->create_qp(init);
+  ASSERT_FALSE(qp);
+  EXPECT_EQ(qp.error(), EINVAL);
+  init.cap = {16, 16, 1, 1, core::kMaxInline + 1};
+  qp = pd->create_qp(init);
+  ASSERT_FALSE(qp);
+  EXPECT_EQ(qp.error(), EINVAL);
+  init.cap = {16, 16, 1, 1, 0};
+  init.send_cq = nullptr;
+  qp = pd->create_qp(init);
+  ASSERT_FALSE(qp);
+  EXPECT_EQ(qp.error(), EINVAL);
+}
+
+// Two RC QPs on one context, connected to each other through the UDP socket(s) of sr_lo.
+struct Loop {
+  std::unique_ptr<Context> ctx = open_lo();
+  std::unique_ptr<ProtectionDomain> pd = *ctx->alloc_pd();
+  std::unique_ptr<CompletionChannel> ch = *ctx->create_comp_channel();
+  std::unique_ptr<CompletionQueue> cq_a = *ctx->create_cq(64);
+  std::unique_ptr<CompletionQueue> cq_b = *ctx->create_cq(4, ch.get());
+  std::unique_ptr<QueuePair> a, b;
+  std::vector<uint8_t> buf = std::vector<uint8_t>(1 << 16);
+  std::unique_ptr<MemoryRegion> mr =
+      *pd->reg_mr(buf.data(), buf.size(), kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic);
+
+  explicit Loop(bool connect = true) {
+    QpInit init;
+    init.send_cq = init.recv_cq = cq_a.get();
+    a = *pd->create_qp(init);
+    init.send_cq = init.recv_cq = cq_b.get();
+    b = *pd->create_qp(init);
+    if (!connect) return;
+    PeerInfo ia = local_info(*ctx, *a, mr.get()), ib = local_info(*ctx, *b, mr.get());
+    EXPECT_TRUE(connect_qp(*ctx, *a, ia, ib));
+    EXPECT_TRUE(connect_qp(*ctx, *b, ib, ia));
+  }
+  Wc wait(CompletionQueue& cq) {
+    Wc wc;
+    for (int i = 0; i < 2'000'000; ++i)
+      if (cq.poll(std::span(&wc, 1)) == 1) return wc;
+    ADD_FAILURE() << "no completion";
+    return wc;
+  }
+  SendWr send(uint64_t off, uint32_t len, Sge* s, uint32_t flags = kSendSignaled) {
+    *s = mr->sge(off, len);
+    SendWr wr;
+    wr.opcode = WrOpcode::kSend;
+    wr.send_flags = flags;
+    wr.sg_list = std::span(s, 1);
+    return wr;
+  }
+};
+
+TEST(Api, PostSendBeforeRtsIsEinval) {
+  Loop l(false);
+  Sge s;
+  auto r = l.a->post_send(l.send(0, 8, &s));
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), EINVAL);  // RESET
+  Sge rs = l.mr->sge(0, 8);
+  auto rr = l.a->post_recv(RecvWr{1, std::span(&rs, 1)});
+  ASSERT_FALSE(rr);
+  EXPECT_EQ(rr.error(), EINVAL);  // post_recv in RESET
+  QpAttr at;
+  at.qp_state = QpState::kInit;
+  at.qp_access_flags = kLocalWrite;
+  ASSERT_TRUE(l.a->modify(at, kQpState | kQpPkeyIndex | kQpPort | kQpAccessFlags));
+  r = l.a->post_send(l.send(0, 8, &s));
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), EINVAL);  // INIT
+  // A missing required attribute (RTR needs AV, PATH_MTU, DEST_QPN, RQ_PSN, MAX_DEST_RD_ATOMIC, MIN_RNR_TIMER).
+  at.qp_state = QpState::kRtr;
+  auto m = l.a->modify(at, kQpState | kQpPathMtu);
+  ASSERT_FALSE(m);
+  EXPECT_EQ(m.error(), EINVAL);
+}
+
+TEST(Api, SendRecvAndTooLargeInline) {
+  Loop l;
+  std::memcpy(l.buf.data(), "hello, world", 12);
+  Sge rs = l.mr->sge(1000, 100);
+  ASSERT_TRUE(l.b->post_recv(RecvWr{7, std::span(&rs, 1)}));
+  Sge s;
+  ASSERT_TRUE(l.a->post_send(l.send(0, 12, &s)));
+  Wc wc = l.wait(*l.cq_b);
+  EXPECT_EQ(wc.status, WcStatus::kSuccess);
+  EXPECT_EQ(wc.wr_id, 7u);
+  EXPECT_EQ(wc.byte_len, 12u);
+  EXPECT_EQ(std::memcmp(l.buf.data() + 1000, "hello, world", 12), 0);
+  EXPECT_EQ(l.wait(*l.cq_a).status, WcStatus::kSuccess);
+  // Inline data above max_inline_data (64 here) fails the post.
+  auto r = l.a->post_send(l.send(0, 65, &s, kSendSignaled | kSendInline));
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), EINVAL);
+}
+
+TEST(Api, CompletionChannelAndSolicitedEvents) {
+  Loop l;
+  ASSERT_TRUE(l.cq_b->req_notify(/*solicited_only=*/true));
+  Sge rs[2] = {l.mr->sge(1000, 100), l.mr->sge(2000, 100)};
+  ASSERT_TRUE(l.b->post_recv(RecvWr{1, std::span(&rs[0], 1)}));
+  ASSERT_TRUE(l.b->post_recv(RecvWr{2, std::span(&rs[1], 1)}));
+  Sge s;
+  ASSERT_TRUE(l.a->post_send(l.send(0, 8, &s)));  // not solicited: no event
+  l.wait(*l.cq_a);
+  pollfd p{l.ch->fd(), POLLIN, 0};
+  Wc wc = l.wait(*l.cq_b);
+  EXPECT_EQ(wc.wr_id, 1u);
+  EXPECT_EQ(poll(&p, 1, 50), 0) << "an unsolicited completion fired a solicited-only CQ";
+  ASSERT_TRUE(l.a->post_send(l.send(0, 8, &s, kSendSignaled | kSendSolicited)));
+  l.wait(*l.cq_a);
+  ASSERT_EQ(poll(&p, 1, 5000), 1) << "a solicited completion did not fire the channel";
+  auto cq = l.ch->get_event();
+  ASSERT_TRUE(cq);
+  EXPECT_EQ(*cq, l.cq_b.get());
+}
+
+TEST(Api, CqOverflowRaisesCqError) {
+  Loop l;
+  // cq_b holds 4: post 6 receives and 6 sends without polling b.
+  Sge rs = l.mr->sge(1000, 100);
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(l.b->post_recv(RecvWr{uint64_t(i), std::span(&rs, 1)}));
+  Sge s;
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(l.a->post_send(l.send(0, 8, &s)));
+    l.wait(*l.cq_a);
+  }
+  core::Context* c = l.ctx->core();
+  pollfd p{c->async_fd(), POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 5000), 1);
+  auto ev = c->get_async_event();
+  ASSERT_TRUE(ev);
+  EXPECT_EQ(ev->type, kEventCqErr);
+  EXPECT_EQ(ev->object, l.cq_b->core());
+  EXPECT_TRUE(l.cq_b->core()->overflowed());
+}
+
+TEST(Api, SrqLimitEvent) {
+  Loop l(false);
+  auto srq = *l.pd->create_srq(16, 1, 0);
+  Sge rs = l.mr->sge(0, 64);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(srq->post_recv(RecvWr{uint64_t(i), std::span(&rs, 1)}));
+  ASSERT_EQ(srq->core()->modify(0, 3, 2), 0);  // arm the limit at 3 (IBV_SRQ_LIMIT)
+  core::RecvWqe w;
+  ASSERT_TRUE(srq->core()->pop(&w));  // 3 left: not below the limit
+  core::Context* c = l.ctx->core();
+  EXPECT_FALSE(c->get_async_event());
+  ASSERT_TRUE(srq->core()->pop(&w));  // 2 left: fires once
+  auto ev = c->get_async_event();
+  ASSERT_TRUE(ev);
+  EXPECT_EQ(ev->type, kEventSrqLimitReached);
+  ASSERT_TRUE(srq->core()->pop(&w));
+  EXPECT_FALSE(c->get_async_event()) << "the limit disarms when it fires";
+  EXPECT_EQ(srq->core()->modify(0, 17, 2), EINVAL);  // a limit above max_wr
+  auto bad = l.pd->create_srq(0, 1);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error(), EINVAL);
+}
+
+}  // namespace
+}  // namespace softrdma

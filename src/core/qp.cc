@@ -16,6 +16,18 @@ bool needs_local_write(WrOpcode op) {
   return op == WrOpcode::kRdmaRead || op == WrOpcode::kAtomicCmpAndSwp || op == WrOpcode::kAtomicFetchAndAdd;
 }
 
+// Runs the requester on what is queued, sends it, and publishes the QP's next timer deadline.
+void run_requester(Qp& qp) {
+  tls_tx.sink = qp.ctx()->backend();
+  Transport::requester(qp, tls_tx, qp.ctx()->now());
+  tls_tx.flush();
+  const Nanos d = Transport::deadline(qp);
+  if (d != qp.next_deadline.load(std::memory_order_relaxed)) {
+    qp.next_deadline.store(d, std::memory_order_relaxed);
+    if (d) qp.ctx()->kick();
+  }
+}
+
 bool allowed(QpType t, WrOpcode op) {
   switch (t) {
     case QpType::kUd:
@@ -32,6 +44,8 @@ bool allowed(QpType t, WrOpcode op) {
 
 Qp::Qp(Context* ctx, Pd* pd, uint32_t qpn, uint16_t port, const QpInitAttr& init)
     : ctx_(ctx), pd_(pd), qpn_(qpn), port_(port), init_(init) {
+  // UD has no path MTU attribute: its datagrams are bounded by the interface's MTU (rxe: port mtu_cap).
+  if (init.type == QpType::kUd) pmtu_ = ctx->config().active_mtu;
   const uint32_t sq = std::bit_ceil(std::max<uint32_t>(init.cap.max_send_wr, 1));
   sq_.resize(sq);
   sq_mask_ = sq - 1;
@@ -45,7 +59,11 @@ Qp::~Qp() = default;
 
 int Qp::modify(const QpAttr& attr, uint32_t mask) {
   std::lock_guard g(lock_);
-  return Transport::modify(*this, attr, mask);
+  const QpState before = attr_.qp_state;
+  const int err = Transport::modify(*this, attr, mask);
+  // Back from SQD: the WQEs posted meanwhile go out now, not at the next post.
+  if (err == 0 && before == QpState::kSqd && attr_.qp_state == QpState::kRts) run_requester(*this);
+  return err;
 }
 
 int Qp::query(QpAttr* attr, QpInitAttr* init) const {
@@ -128,14 +146,7 @@ int Qp::post_send(std::span<const SendWr> wrs, size_t* bad) {
     Transport::to_error(*this);
     return 0;
   }
-  tls_tx.sink = ctx_->backend();
-  Transport::requester(*this, tls_tx, ctx_->now());
-  tls_tx.flush();
-  const Nanos d = Transport::deadline(*this);
-  if (d != next_deadline.load(std::memory_order_relaxed)) {
-    next_deadline.store(d, std::memory_order_relaxed);
-    if (d) ctx_->kick();
-  }
+  run_requester(*this);
   return 0;
 }
 

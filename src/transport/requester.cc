@@ -61,8 +61,9 @@ io::TxPacket& Transport::new_packet(Qp& qp, io::TxBatch& tx, const Endpoint& dst
 }
 
 void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
-  if (qp.attr_.qp_state != QpState::kRts && !(qp.attr_.qp_state == QpState::kSqd && qp.attr_.sq_draining))
-    return;
+  // In SQD the WQEs already started still go out (and are retransmitted); new ones wait (IBTA.md 9).
+  const bool sqd = qp.attr_.qp_state == QpState::kSqd;
+  if (qp.attr_.qp_state != QpState::kRts && !sqd) return;
   if (qp.comp_.rnr_deadline) return;  // waiting out an RNR NAK
   const bool rc = qp.type() == QpType::kRc;
   const uint32_t pmtu = qp.pmtu_;
@@ -70,16 +71,21 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
 
   while (qp.req_.wqe < qp.sq_head_) {
     SendWqe& w = qp.sq_[qp.req_.wqe & qp.sq_mask_];
+    if (sqd && !w.started) break;
     if (w.post_status != WcStatus::kSuccess) {
-      // A local error found at post time: nothing goes out; the completer reports it in order.
-      w.started = true;
-      w.first_psn = qp.req_.psn;
-      w.last_psn = psn_add(qp.req_.psn, kPsnMask);  // = psn - 1: no PSN used
-      w.done = true;
-      w.status = w.post_status;
-      ++qp.req_.wqe;
+      // A local error found at post time: nothing goes out, neither this WQE nor any behind it (rxe stops
+      // its requester). The requester stays on it until the completer has reported it in order, which moves
+      // the QP to ERROR and flushes the rest.
+      if (!w.done) {
+        w.started = true;
+        w.first_psn = qp.req_.psn;
+        w.last_psn = psn_add(qp.req_.psn, kPsnMask);  // = psn - 1: no PSN used
+        w.done = true;
+        w.status = w.post_status;
+      }
       retire(qp);
-      return;
+      if (qp.attr_.qp_state == QpState::kErr) return;
+      break;  // (still arms the retransmit timer for what went out before it)
     }
     const bool rd_atomic = is_read_or_atomic(w.opcode);
     if (rc) {

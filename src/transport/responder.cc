@@ -321,12 +321,17 @@ struct Responder {
 
     if (oi.has(kWrite)) {
       if (oi.has(kHasReth)) {
-        r.write_mr = remote_mr(pkt.reth_rkey(), pkt.reth_va(), pkt.reth_len(), kRemoteWrite);
-        if (!r.write_mr) return fatal(kNakRemoteAccessErr, WcStatus::kRemAccessErr);
+        // A zero-length WRITE names no memory: its R_Key and VA are not checked (C9-88, as rxe does).
+        r.write_mr.reset();
+        if (pkt.reth_len() > 0) {
+          r.write_mr = remote_mr(pkt.reth_rkey(), pkt.reth_va(), pkt.reth_len(), kRemoteWrite);
+          if (!r.write_mr) return fatal(kNakRemoteAccessErr, WcStatus::kRemAccessErr);
+        }
         r.write_va = pkt.reth_va();
         r.write_resid = pkt.reth_len();
       }
-      if (len > r.write_resid || !r.write_mr) return fatal(kNakInvalidRequest, WcStatus::kRemInvReqErr);
+      if (len > r.write_resid || (len > 0 && !r.write_mr))
+        return fatal(kNakInvalidRequest, WcStatus::kRemInvReqErr);
       if (len) std::memcpy(r.write_mr->host(r.write_va), pkt.payload(), len);
       r.write_va += len;
       r.write_resid -= len;

@@ -69,6 +69,20 @@ class Harness {
     }
   }
 
+  // The context owns its QPs and MRs, not the CQs and PDs handed out to its user: give them back.
+  ~Harness() {
+    for (Node* n : {&a, &b}) {
+      if (!n->ctx) continue;
+      if (n->qp) n->ctx->destroy_qp(n->qp);
+      if (n->mr) n->ctx->dereg_mr(n->mr);
+      if (n->scq) n->ctx->destroy_cq(n->scq);
+      if (n->rcq) n->ctx->destroy_cq(n->rcq);
+      if (n->pd) n->ctx->dealloc_pd(n->pd);  // EBUSY (a small leak) if a test left an MR or AH on it
+    }
+  }
+  Harness(const Harness&) = delete;
+  Harness& operator=(const Harness&) = delete;
+
   void init(Node& n, const char* ip) {
     n.be = net_.attach(ip);
     core::ContextConfig cfg;
@@ -112,10 +126,10 @@ class Harness {
     at.retry_cnt = o_.retry_cnt;
     at.rnr_retry = o_.rnr_retry;
     at.max_rd_atomic = 16;
-    ASSERT_EQ(n.qp->modify(at, kQpState | kQpSqPsn |
-                                   (o_.type == QpType::kRc
-                                        ? kQpTimeout | kQpRetryCnt | kQpRnrRetry | kQpMaxQpRdAtomic
-                                        : 0u)),
+    ASSERT_EQ(n.qp->modify(
+                  at, kQpState | kQpSqPsn |
+                          (o_.type == QpType::kRc ? kQpTimeout | kQpRetryCnt | kQpRnrRetry | kQpMaxQpRdAtomic
+                                                  : 0u)),
               0);
   }
 
@@ -153,8 +167,10 @@ class Harness {
         if (d && (!next || d < next)) next = d;
       }
       if (net_.in_flight()) continue;
-      if (!busy) g_now = next && next > g_now ? next : g_now + 1'000'000;
-      else g_now += 1000;
+      if (!busy)
+        g_now = next && next > g_now ? next : g_now + 1'000'000;
+      else
+        g_now += 1000;
     }
     return done();
   }

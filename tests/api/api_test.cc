@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 
+#include <chrono>
 #include <cstring>
 #include <vector>
 
@@ -266,6 +267,82 @@ TEST(Api, SrqLimitEvent) {
   auto bad = l.pd->create_srq(0, 1);
   ASSERT_FALSE(bad);
   EXPECT_EQ(bad.error(), EINVAL);
+}
+
+}  // namespace
+}  // namespace softrdma
+
+namespace softrdma {
+namespace {
+
+// RoCEv2 over IPv6: the context binds ::1 (GID index 2 of sr_lo).
+TEST(Api, Ipv6SendAndWrite) {
+  OpenOptions o;
+  o.gid_index = 2;
+  auto ctx = Context::open("sr_lo", o);
+  ASSERT_TRUE(ctx) << ctx.error();
+  ASSERT_FALSE((*ctx)->gid().is_v4());
+  auto pd = *(*ctx)->alloc_pd();
+  auto cq = *(*ctx)->create_cq(16);
+  std::vector<uint8_t> buf(1 << 20);
+  auto mr = *pd->reg_mr(buf.data(), buf.size(), kLocalWrite | kRemoteWrite);
+  QpInit init;
+  init.send_cq = init.recv_cq = cq.get();
+  auto a = *pd->create_qp(init), b = *pd->create_qp(init);
+  PeerInfo ia = local_info(**ctx, *a, mr.get()), ib = local_info(**ctx, *b, mr.get());
+  ASSERT_TRUE(connect_qp(**ctx, *a, ia, ib));
+  ASSERT_TRUE(connect_qp(**ctx, *b, ib, ia));
+  for (size_t i = 0; i < 300000; ++i) buf[i] = static_cast<uint8_t>(i * 7);
+  Sge s = mr->sge(0, 300000);
+  SendWr wr;
+  wr.opcode = WrOpcode::kRdmaWrite;
+  wr.send_flags = kSendSignaled;
+  wr.sg_list = std::span(&s, 1);
+  wr.remote_addr = reinterpret_cast<uint64_t>(buf.data()) + 500000;
+  wr.rkey = mr->rkey();
+  ASSERT_TRUE(a->post_send(wr));
+  Wc wc;
+  int n = 0;
+  for (int i = 0; i < 5'000'000 && n == 0; ++i) n = cq->poll(std::span(&wc, 1));
+  ASSERT_EQ(n, 1);
+  EXPECT_EQ(wc.status, WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(buf.data(), buf.data() + 500000, 300000), 0);
+}
+
+// The largest message (2 GiB) in one RDMA WRITE, over the real UDP path.
+TEST(Api, TwoGibWrite) {
+  auto ctx = open_lo();
+  auto pd = *ctx->alloc_pd();
+  auto cq = *ctx->create_cq(16);
+  const uint64_t len = core::kMaxMsgSize;
+  std::unique_ptr<uint8_t[]> src(new uint8_t[len]), dst(new uint8_t[len]);
+  for (uint64_t i = 0; i < len; i += 4096) {
+    std::memset(src.get() + i, static_cast<int>((i >> 12) * 13 + 1), 4096);
+    dst[i] = 0;
+  }
+  auto ms = *pd->reg_mr(src.get(), len, kLocalWrite);
+  auto md = *pd->reg_mr(dst.get(), len, kLocalWrite | kRemoteWrite);
+  QpInit init;
+  init.send_cq = init.recv_cq = cq.get();
+  auto a = *pd->create_qp(init), b = *pd->create_qp(init);
+  PeerInfo ia = local_info(*ctx, *a, ms.get()), ib = local_info(*ctx, *b, md.get());
+  ASSERT_TRUE(connect_qp(*ctx, *a, ia, ib));
+  ASSERT_TRUE(connect_qp(*ctx, *b, ib, ia));
+  Sge s = ms->sge(0, static_cast<uint32_t>(len));
+  SendWr wr;
+  wr.opcode = WrOpcode::kRdmaWrite;
+  wr.send_flags = kSendSignaled;
+  wr.sg_list = std::span(&s, 1);
+  wr.remote_addr = ib.addr;
+  wr.rkey = ib.rkey;
+  ASSERT_TRUE(a->post_send(wr));
+  Wc wc;
+  int n = 0;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (n == 0 && std::chrono::steady_clock::now() < end) n = cq->poll(std::span(&wc, 1));
+  ASSERT_EQ(n, 1);
+  EXPECT_EQ(wc.status, WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(src.get(), dst.get(), len), 0);
 }
 
 }  // namespace

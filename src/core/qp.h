@@ -107,6 +107,7 @@ struct CompState {
   uint8_t rnr_left = 0;
   Nanos retrans_deadline = 0;  // 0 = not armed
   Nanos rnr_deadline = 0;      // waiting after an RNR NAK
+  uint32_t read_gap_psn = 0;   // comp.psn + 1 when a READ was re-requested for a gap there (0 = none)
 };
 
 // A saved READ or ATOMIC request, for replay of duplicates (IBTA.md 5).

@@ -159,9 +159,17 @@ void Transport::completer(Qp& qp, PacketView pkt, io::TxBatch& tx, Nanos now) {
       case AckType::kAck:
         if (oi.has(kReadResp)) {
           if (!is_read(w) || psn != comp.psn) {
-            // A READ response out of order (an earlier one was lost) or for a non-READ WQE: drop; the
-            // retransmit timer recovers.
+            // A READ response out of order (an earlier one was lost) or for a non-READ WQE: drop it.
             counters.add(Counter::drop_out_of_seq);
+            if (is_read(w) && psn_diff(psn, comp.psn) > 0 && comp.read_gap_psn != comp.psn + 1) {
+              // The first packet past a gap: ask again for the rest of the READ now, once per gap (as
+              // the responder NAKs a gap once), instead of waiting for the retransmit timer.
+              comp.read_gap_psn = comp.psn + 1;
+              if (!charge(comp.retry_left)) return fail_head(qp, WcStatus::kRetryExcErr);
+              go_back_n(qp);
+              requester(qp, tx, now);
+              return;
+            }
             break;
           }
           const uint32_t offset = static_cast<uint32_t>(psn_diff(psn, w.first_psn)) * pmtu;

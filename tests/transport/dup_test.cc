@@ -119,6 +119,8 @@ TEST(Duplicates, ReadRetriedForTheMissingPart) {
   EXPECT_EQ(reqs[1].reth_va(), reqs[0].reth_va() + 1024);
   EXPECT_EQ(reqs[1].reth_len(), 5000u - 1024);
   EXPECT_EQ(h.b.counters.get(Counter::dup_requests), 1u);
+  // Asked again as soon as the response after the gap arrived, not after the retransmit timer.
+  EXPECT_EQ(h.a.counters.get(Counter::retry_timeouts), 0u);
 }
 
 // A lost ACK: the requester resends the SEND/WRITE; the responder re-ACKs every duplicate packet without

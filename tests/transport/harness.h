@@ -53,6 +53,7 @@ struct QpOptions {
   uint32_t max_wr = 256;
   uint32_t window = 256;
   uint32_t active_mtu = 4096;  // the contexts' interface MTU (path MTUs above it are clamped)
+  bool standard_port = false;  // RoCEv2 standard mode: every QP behind UDP port 4791
 };
 
 class Harness {
@@ -88,6 +89,7 @@ class Harness {
     core::ContextConfig cfg;
     cfg.clock = fake_clock;
     cfg.window = o_.window;
+    cfg.standard_port = o_.standard_port;
     cfg.active_mtu = o_.active_mtu;
     n.ctx = std::make_unique<core::Context>(n.be.get(), &n.counters, cfg);
     n.tx.sink = n.be.get();

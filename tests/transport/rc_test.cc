@@ -202,3 +202,45 @@ INSTANTIATE_TEST_SUITE_P(
 
 }  // namespace
 }  // namespace softrdma::test
+
+namespace softrdma::test {
+namespace {
+
+// Standard mode: one socket at UDP 4791 per address carries every QP, and peers are addressed at 4791
+// (as kernel Soft-RoCE and hardware expect); QPNs no longer name a port.
+TEST(Rc, StandardPortMode) {
+  QpOptions o;
+  o.standard_port = true;
+  Harness h({}, o);
+  EXPECT_EQ(h.a.qp->port(), wire::kRoceV2Port);
+  EXPECT_EQ(h.a.qp->peer().port, wire::kRoceV2Port);
+  EXPECT_EQ(h.b.qp->peer().port, wire::kRoceV2Port);
+  fill(h.a.buf, 0, 10000, 9);
+  ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 0, 10000, 1).remote(h.b, 20000)), 0);
+  std::vector<Wc> s;
+  ASSERT_TRUE(h.run([&] {
+    for (auto& w : h.a.poll(h.a.scq)) s.push_back(w);
+    return !s.empty();
+  }));
+  EXPECT_EQ(s[0].status, WcStatus::kSuccess);
+  EXPECT_TRUE(same(h.a, 0, h.b, 20000, 10000));
+  // A second context on the same address cannot take 4791 too: one process per address in this mode.
+  io::SimNet& net = h.net_;
+  auto be = net.attach("10.0.0.1");
+  Counters c;
+  core::ContextConfig cfg;
+  cfg.standard_port = true;
+  core::Context other(be.get(), &c, cfg);
+  auto pd = *other.alloc_pd();
+  auto cq = *other.create_cq(4, nullptr, nullptr);
+  core::QpInitAttr init;
+  init.send_cq = init.recv_cq = cq;
+  auto qp = other.create_qp(pd, init);
+  ASSERT_FALSE(qp);
+  EXPECT_EQ(qp.error(), EADDRINUSE);
+  other.destroy_cq(cq);
+  other.dealloc_pd(pd);
+}
+
+}  // namespace
+}  // namespace softrdma::test

@@ -210,6 +210,13 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
     }
     std::lock_guard g(qp->lock());
     const QpState st = qp->state();
+    // Requests need a responder (RTR and later); responses a requester (RTS, SQD).
+    const bool request = oi.has(wire::kRequest);
+    if (request ? (st != QpState::kRtr && st != QpState::kRts && st != QpState::kSqd)
+                : (st != QpState::kRts && st != QpState::kSqd)) {
+      c.add(Counter::drop_qp_state);
+      continue;
+    }
     if (type != QpType::kUd) {
       // A connected QP accepts packets only from its peer.
       const wire::Endpoint& peer = qp->peer();
@@ -218,11 +225,7 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
         continue;
       }
     }
-    if (oi.has(wire::kRequest)) {
-      if (st != QpState::kRtr && st != QpState::kRts && st != QpState::kSqd) {
-        c.add(Counter::drop_qp_state);
-        continue;
-      }
+    if (request) {
       Transport::responder(*qp, v, rx, tx, now);
       if (type == QpType::kRc && n_touched < std::size(touched) &&
           (n_touched == 0 || touched[n_touched - 1] != qp))
@@ -230,10 +233,6 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
       else if (type == QpType::kRc && n_touched == std::size(touched))
         Transport::flush_ack(*qp, tx);
     } else {
-      if (st != QpState::kRts && st != QpState::kSqd) {
-        c.add(Counter::drop_qp_state);
-        continue;
-      }
       Transport::completer(*qp, v, tx, now);
     }
     qp->next_deadline.store(Transport::deadline(*qp), std::memory_order_relaxed);
@@ -276,8 +275,12 @@ int Context::drive(io::TxBatch& tx, Nanos now, bool run_timers) {
     const uint32_t n = backend_->rx_burst(pkts, io::TxBatch::kMax);
     if (n == 0) break;
     total += static_cast<int>(n);
+    // The clock is read per burst: the ACKs of one burst can release many packets to send, and a
+    // retransmit deadline armed from a clock frozen at the start of this loop would fire early.
+    if (i) now = this->now();
     rx_burst(std::span(pkts, n), tx, now);
   }
+  if (total) now = this->now();
   if (run_timers || now >= next_tick_.load(std::memory_order_relaxed)) {
     const Nanos next = tick(tx, now);
     next_tick_.store(next ? next : now + 1'000'000, std::memory_order_relaxed);

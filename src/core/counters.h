@@ -13,7 +13,7 @@ namespace softrdma {
   X(rx_packets, "packets received")                                                     \
   X(tx_bytes, "bytes sent (UDP payload)")                                               \
   X(rx_bytes, "bytes received (UDP payload)")                                           \
-  X(retransmits, "packets retransmitted (go-back-N)")                                   \
+  X(retransmits, "request packets sent again (go-back-N)")                                   \
   X(retry_timeouts, "local ACK timeouts")                                               \
   X(rnr_retries, "retries after RNR NAK")                                               \
   X(tx_acks, "ACKs sent")                                                               \

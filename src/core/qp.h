@@ -92,6 +92,7 @@ struct SendWqe {
 // Requester (src/transport/requester.cc): what to send next.
 struct ReqState {
   uint32_t psn = 0;        // next PSN
+  uint32_t high_psn = 0;   // the first PSN never sent (packets below it that go again are retransmissions)
   uint64_t wqe = 0;        // index of the WQE being sent (monotonic; ring slot = & mask)
   uint32_t offset = 0;     // bytes of it already sent
   uint32_t noack_pkts = 0;

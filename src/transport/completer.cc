@@ -89,7 +89,6 @@ void Transport::retire(Qp& qp) {
 void Transport::go_back_n(Qp& qp) {
   ReqState& req = qp.req_;
   const CompState& comp = qp.comp_;
-  qp.ctx()->counters().add(Counter::retransmits, static_cast<uint32_t>(psn_diff(req.psn, comp.psn)));
   req.offset = 0;
   if (comp.wqe < qp.sq_head_) {
     const SendWqe& w = qp.sq_[comp.wqe & qp.sq_mask_];

@@ -143,7 +143,7 @@ int Transport::modify(Qp& qp, const QpAttr& a, uint32_t mask) {
       break;
     case QpState::kRts:
       if (from == QpState::kRtr) {
-        qp.req_.psn = qp.comp_.psn = cur.sq_psn;
+        qp.req_.psn = qp.req_.high_psn = qp.comp_.psn = cur.sq_psn;
         qp.comp_.retry_left = cur.retry_cnt;
         qp.comp_.rnr_left = cur.rnr_retry;
       }

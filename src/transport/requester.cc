@@ -60,6 +60,16 @@ io::TxPacket& Transport::new_packet(Qp& qp, io::TxBatch& tx, const Endpoint& dst
   return p;
 }
 
+// Moves past the packet just sent; one sent below the high-water mark is a retransmission.
+void Transport::advance_psn(Qp& qp, uint32_t next) {
+  ReqState& req = qp.req_;
+  if (psn_diff(req.psn, req.high_psn) < 0) {
+    qp.ctx()->counters().add(Counter::retransmits);
+  }
+  if (psn_diff(next, req.high_psn) > 0) req.high_psn = next;
+  req.psn = next;
+}
+
 void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
   // In SQD the WQEs already started still go out (and are retransmitted); new ones wait (IBTA.md 9).
   const bool sqd = qp.attr_.qp_state == QpState::kSqd;
@@ -113,7 +123,7 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
       io::TxPacket& p =
           new_packet(qp, tx, dst, opcode(wire::Transport::kRc, kOpReadRequest), false, dqpn, true, qp.req_.psn, 0);
       PacketView(p.hdr, p.hdr_len).set_reth(w.remote_addr + done_bytes, w.rkey, w.length - done_bytes);
-      qp.req_.psn = psn_add(w.last_psn, 1);
+      advance_psn(qp, psn_add(w.last_psn, 1));
       ++qp.req_.rd_atomic;
       ++qp.req_.wqe;
       qp.req_.offset = 0;
@@ -127,7 +137,7 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
       const bool cas = op == kOpCompareSwap;
       PacketView(p.hdr, p.hdr_len)
           .set_atomic_eth(w.remote_addr, w.rkey, cas ? w.swap : w.compare_add, cas ? w.compare_add : 0);
-      qp.req_.psn = psn_add(qp.req_.psn, 1);
+      advance_psn(qp, psn_add(qp.req_.psn, 1));
       ++qp.req_.rd_atomic;
       ++qp.req_.wqe;
       qp.req_.offset = 0;
@@ -165,7 +175,7 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
     if (oi.has(kHasDeth)) v.set_deth(w.ud_qkey, qp.qpn());
     attach_payload(p, w, qp.req_.offset, len);
     if (ack_req) qp.req_.noack_pkts = 0;
-    qp.req_.psn = psn_add(qp.req_.psn, 1);
+    advance_psn(qp, psn_add(qp.req_.psn, 1));
     qp.req_.offset += len;
     if (last) {
       qp.req_.offset = 0;

@@ -40,6 +40,7 @@ class Transport {
   static void complete_recv(Qp& qp, const Wc& wc, bool solicited);
   static bool pop_rq(Qp& qp, RecvWqe* out) { return qp.rq_.pop(out); }
   static void go_back_n(Qp& qp);
+  static void advance_psn(Qp& qp, uint32_t next);
   static void fail_head(Qp& qp, WcStatus status);
   // The QP's nearest armed timer (0 = none).
   static Nanos deadline(const Qp& qp) {

@@ -154,6 +154,7 @@ TEST(Duplicates, SendAndWriteReAcked) {
     EXPECT_EQ(h.b.counters.get(Counter::dup_requests), 3u);  // all three packets came again
     EXPECT_GE(h.b.counters.get(Counter::tx_acks), 2u);
     EXPECT_EQ(h.a.counters.get(Counter::retry_timeouts), 1u);
+    EXPECT_EQ(h.a.counters.get(Counter::retransmits), 3u);  // packets, not timeouts
   }
 }
 

@@ -161,18 +161,19 @@ TEST(Hostile, PacketsForAQpNotReadyAreDropped) {
   init.send_cq = h.b.scq;
   init.recv_cq = h.b.rcq;
   init.cap = {4, 4, 1, 1, 0};
-  // A connected QP before RTR has no peer yet: whatever comes is from a stranger.
+  // A connected QP before RTR: dropped for its state (checked before the peer, which it has not yet).
   core::Qp* rc_qp = *h.b.ctx->create_qp(h.b.pd, init);  // RESET
   std::vector<uint8_t> p = craft(rc(wire::kOpSendOnly), rc_qp->qpn(), 0, 8);
   h.inject(h.b, p, Harness::endpoint(h.a));
-  EXPECT_EQ(h.b.counters.get(Counter::drop_wrong_peer), 1u);
+  EXPECT_EQ(h.b.counters.get(Counter::drop_qp_state), 1u);
+  EXPECT_EQ(h.b.counters.get(Counter::drop_wrong_peer), 0u);
   // A UD QP in RESET, then INIT, with a receive posted: dropped for its state.
   init.type = QpType::kUd;
   core::Qp* ud_qp = *h.b.ctx->create_qp(h.b.pd, init);
   p = craft(wire::opcode(wire::Transport::kUd, wire::kOpSendOnly), ud_qp->qpn(), 0, 8);
   PacketView(p.data(), static_cast<uint32_t>(p.size())).set_deth(0x11111111, 77);
   h.inject(h.b, p, Harness::endpoint(h.a));
-  EXPECT_EQ(h.b.counters.get(Counter::drop_qp_state), 1u);
+  EXPECT_EQ(h.b.counters.get(Counter::drop_qp_state), 2u);
   core::QpAttr at;
   at.qp_state = QpState::kInit;
   at.qkey = 0x11111111;
@@ -182,7 +183,7 @@ TEST(Hostile, PacketsForAQpNotReadyAreDropped) {
   size_t bad;
   ASSERT_EQ(ud_qp->post_recv(std::span(&rwr, 1), &bad), 0);
   h.inject(h.b, p, Harness::endpoint(h.a));
-  EXPECT_EQ(h.b.counters.get(Counter::drop_qp_state), 2u);
+  EXPECT_EQ(h.b.counters.get(Counter::drop_qp_state), 3u);
   EXPECT_TRUE(h.b.poll(h.b.rcq).empty());
   EXPECT_EQ(h.b.buf[40], 0);
   EXPECT_EQ(h.b.ctx->destroy_qp(rc_qp), 0);

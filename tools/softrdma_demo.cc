@@ -2,10 +2,15 @@
 // WRITE_WITH_IMM, READ, SEND/RECV, SEND_WITH_IMM, FETCH_AND_ADD and CMP_AND_SWP at sizes from 1 byte to
 // 8 MiB. Every byte and every atomic result is verified; it prints what moved and how fast.
 //
-//   softrdma-demo                      run both sides (forks the server)
-//   softrdma-demo server [-d DEV]      wait for a client; prints the TCP port it listens on
-//   softrdma-demo client HOST PORT [-d DEV]
-// The QP numbers, PSNs, GIDs and the buffer's rkey are exchanged over a TCP connection.
+//   softrdma-demo [OPTIONS]                      run both sides over 127.0.0.1 (forks the server)
+//   softrdma-demo server [OPTIONS]               wait for a client on every address (INADDR_ANY); prints
+//                                                "listening on 0.0.0.0:PORT"
+//   softrdma-demo client HOST PORT [OPTIONS]
+// OPTIONS: -d DEV (default sr_lo); --max-size N (largest message, default 8 MiB: the sizes are 1, 2, 4, ...
+// up to N, and 1000); --atomics N (FETCH_AND_ADD and CMP_AND_SWP each, default 1000); --timeout T (the
+// QP's local ACK timeout, 4.096 us x 2^T, default 14 = 67 ms); -v (print each side's non-zero counters).
+// The QP numbers, PSNs, GIDs, the buffer's rkey and the server's buffer layout (its --max-size) are exchanged
+// over a TCP connection. A server serves any client whose --max-size is not larger than its own.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -26,22 +31,42 @@ using namespace softrdma;
 
 namespace {
 
-constexpr uint64_t kMaxSize = 8u << 20;
-constexpr uint64_t kWriteArea = 0;               // WRITE / READ target
-// WRITE_WITH_IMM targets: one place per size, since the server may still be checking an earlier one when
-// the next one lands (the data of a WRITE_WITH_IMM arrives before its receive WQE is taken).
-constexpr uint64_t kImmArea = kMaxSize;
-constexpr uint64_t kRecvArea = 4 * kMaxSize;     // receive buffers
+constexpr uint64_t kDefaultMaxSize = 8u << 20;
+constexpr uint64_t kMaxMaxSize = 1u << 30;
 constexpr int kRecvBufs = 4;
-constexpr uint64_t kCounter = kRecvArea + kRecvBufs * kMaxSize;  // 8-byte atomic target
-constexpr uint64_t kBufSize = kCounter + 64;
+constexpr uint64_t kWriteArea = 0;  // WRITE / READ target
+
+// The buffer's layout for a given largest message size M (the same on both sides; the client lays out the
+// server's buffer from the server's M, which it learns over the side channel):
+//   [0, M)          WRITE / READ target (client: its source)        [M, 2M) client: READ destination
+//   [M, 4M)         WRITE_WITH_IMM targets: one place per size, since the server may still be checking an
+//                   earlier one when the next one lands (the data of a WRITE_WITH_IMM arrives before its
+//                   receive WQE is taken); the sizes add up to less than 2M + 1000 <= 3M
+//   [4M, 8M)        receive buffers                                  [2M, 2M+16) client: atomic results
+//   [8M, 8M+64)     8-byte atomic target
+struct Layout {
+  uint64_t max_size;
+  uint64_t imm_area() const { return max_size; }
+  uint64_t recv_area() const { return 4 * max_size; }
+  uint64_t counter() const { return recv_area() + kRecvBufs * max_size; }
+  uint64_t buf_size() const { return counter() + 64; }
+};
 enum Kind : uint32_t { kSendKind = 1, kSendImmKind = 2, kWriteImmKind = 3, kDoneKind = 0xFF };
+
+struct Options {
+  std::string dev = "sr_lo";
+  uint64_t max_size = kDefaultMaxSize;
+  uint64_t atomics = 1000;
+  uint8_t timeout = 14;
+  bool verbose = false;  // print every non-zero counter of each side's context at the end
+};
 
 struct PeerInfo {
   uint32_t qpn, psn;
   uint8_t gid[16];
   uint64_t addr;
   uint32_t rkey;
+  uint64_t max_size;  // the sender's largest message, which fixes its buffer's layout
 };
 
 [[noreturn]] void die(const char* what, int err) {
@@ -57,18 +82,30 @@ void check(Result<void> r, const char* what) {
   if (!r) die(what, r.error());
 }
 
-std::vector<uint32_t> sizes();
-uint64_t imm_offset(uint32_t size_index) {
-  uint64_t off = kImmArea;
-  for (uint32_t i = 0; i < size_index; ++i) off += sizes()[i];
+// 1, 2, 4, ... up to max_size, and 1000 (one size that is not a power of two) in its place. The list for a
+// smaller max_size is a prefix of the list for a larger one, so a size's index means the same on both sides.
+std::vector<uint32_t> sizes(uint64_t max_size) {
+  std::vector<uint32_t> s;
+  for (uint64_t n = 1; n <= max_size; n *= 2) {
+    if (n == 1024) s.push_back(1000);
+    s.push_back(static_cast<uint32_t>(n));
+  }
+  if (max_size >= 1000 && max_size < 1024) s.push_back(1000);
+  return s;
+}
+
+// Where the WRITE_WITH_IMM of size index `size_index` lands in a buffer laid out for `layout`.
+uint64_t imm_offset(const Layout& layout, uint32_t size_index) {
+  const auto sz = sizes(layout.max_size);
+  uint64_t off = layout.imm_area();
+  for (uint32_t i = 0; i < size_index && i < sz.size(); ++i) off += sz[i];
   return off;
 }
 
-std::vector<uint32_t> sizes() {
-  std::vector<uint32_t> s;
-  for (uint64_t n = 1; n <= kMaxSize; n *= 2) s.push_back(static_cast<uint32_t>(n));
-  s.insert(s.begin() + 10, 1000);  // one size that is not a power of two
-  return s;
+std::string size_str(uint64_t n) {
+  if (n >= (1u << 20) && n % (1u << 20) == 0) return std::to_string(n >> 20) + " MiB";
+  if (n >= 1024 && n % 1024 == 0) return std::to_string(n >> 10) + " KiB";
+  return std::to_string(n) + " B";
 }
 
 uint8_t pattern(uint32_t seed, uint64_t i) { return static_cast<uint8_t>((i * 131 + seed * 7 + (i >> 9)) & 0xFF); }
@@ -97,23 +134,25 @@ struct Side {
   std::vector<uint8_t> buf;
   std::unique_ptr<MemoryRegion> mr;
   uint32_t psn;
+  Layout layout;
+  uint8_t timeout;
 
-  explicit Side(const std::string& dev) {
-    ctx = check(Context::open(dev), "open device");
+  explicit Side(const Options& o) : layout{o.max_size}, timeout(o.timeout) {
+    ctx = check(Context::open(o.dev), "open device");
     pd = check(ctx->alloc_pd(), "alloc_pd");
     cq = check(ctx->create_cq(1024), "create_cq");
     QpInit init;
     init.send_cq = init.recv_cq = cq.get();
     init.cap = {64, 64, 1, 1, 64};
     qp = check(pd->create_qp(init), "create_qp");
-    buf.assign(kBufSize, 0);
+    buf.assign(layout.buf_size(), 0);
     mr = check(pd->reg_mr(buf.data(), buf.size(), kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic),
                "reg_mr");
     psn = std::random_device{}() & 0xFFFFFF;
   }
 
   PeerInfo info() const {
-    PeerInfo i{qp->qpn(), psn, {}, reinterpret_cast<uint64_t>(buf.data()), mr->rkey()};
+    PeerInfo i{qp->qpn(), psn, {}, reinterpret_cast<uint64_t>(buf.data()), mr->rkey(), layout.max_size};
     std::memcpy(i.gid, ctx->gid().raw.data(), 16);
     return i;
   }
@@ -135,7 +174,7 @@ struct Side {
           "modify RTR");
     a.qp_state = QpState::kRts;
     a.sq_psn = psn;
-    a.timeout = 14;
+    a.timeout = timeout;
     a.retry_cnt = 7;
     a.rnr_retry = 7;
     a.max_rd_atomic = 16;
@@ -156,16 +195,27 @@ struct Side {
   }
 
   void post_recv(int slot) {
-    Sge s = mr->sge(kRecvArea + slot * kMaxSize, kMaxSize);
+    Sge s = mr->sge(layout.recv_area() + slot * layout.max_size, static_cast<uint32_t>(layout.max_size));
     check(qp->post_recv(RecvWr{static_cast<uint64_t>(slot), std::span(&s, 1)}), "post_recv");
   }
 };
 
-int listen_any(uint16_t* port) {
+// Listens on 127.0.0.1 (both sides in this process) or on every address (`softrdma-demo server`).
+void print_counters(const char* who, const Counters& k) {
+  std::printf("%s counters:", who);
+  for (uint32_t i = 0; i < kNumCounters; ++i)
+    if (const uint64_t v = k.get(static_cast<Counter>(i)))
+      std::printf(" %.*s=%lu", static_cast<int>(kCounterInfo[i].name.size()), kCounterInfo[i].name.data(),
+                  static_cast<unsigned long>(v));
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+int listen_on(uint32_t addr, uint16_t* port) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_addr.s_addr = htonl(addr);
   socklen_t len = sizeof a;
   if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) || listen(fd, 1) ||
       getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len))
@@ -175,8 +225,8 @@ int listen_any(uint16_t* port) {
 }
 
 // The server checks every message that reaches it and reports the totals when the client says done.
-int server(const std::string& dev, int lfd, int ready_fd) {
-  Side s(dev);
+int server(const Options& o, int lfd, int ready_fd) {
+  Side s(o);
   if (ready_fd >= 0) {
     char c = 1;
     [[maybe_unused]] ssize_t n = write(ready_fd, &c, 1);
@@ -187,10 +237,23 @@ int server(const std::string& dev, int lfd, int ready_fd) {
   PeerInfo peer;
   read_all(fd, &peer, sizeof peer);
   const PeerInfo mine = s.info();
-  write_all(fd, &mine, sizeof mine);
+  if (peer.max_size > s.layout.max_size) {  // the client says so too, and gives up
+    write_all(fd, &mine, sizeof mine);
+    std::fprintf(stderr, "softrdma-demo: the client's --max-size %lu is larger than this server's %lu\n",
+                 static_cast<unsigned long>(peer.max_size), static_cast<unsigned long>(s.layout.max_size));
+    return 1;
+  }
+  // Ready to receive before the client learns this QP's number: otherwise the client's first packets can
+  // reach a QP still in RESET/INIT, which drops them, and each such loss costs a local ACK timeout.
   s.connect(peer);
-  for (int i = 0; i < kRecvBufs; ++i) s.post_recv(i);  // until then, the client's SENDs get RNR NAKs
-  const auto sz = sizes();
+  for (int i = 0; i < kRecvBufs; ++i) s.post_recv(i);
+  write_all(fd, &mine, sizeof mine);
+  if (ready_fd < 0) {  // a server of its own (when both sides run here, the client's line says it all)
+    std::printf("softrdma-demo server: %s, local QP 0x%06x <- remote QP 0x%06x\n", s.ctx->device().name.c_str(),
+                mine.qpn, peer.qpn);
+    std::fflush(stdout);
+  }
+  const auto sz = sizes(s.layout.max_size);
   uint64_t messages = 0, bytes = 0, bad = 0;
   for (;;) {
     Wc wc = s.wait();
@@ -198,8 +261,9 @@ int server(const std::string& dev, int lfd, int ready_fd) {
     const uint32_t kind = (wc.wc_flags & kWcWithImm) ? imm >> 24 : kSendKind;
     if (kind == kDoneKind) break;
     const uint32_t size_index = (wc.wc_flags & kWcWithImm) ? imm & 0xFFFF : 0;
-    const uint8_t* data = wc.opcode == WcOpcode::kRecvRdmaWithImm ? s.buf.data() + imm_offset(size_index)
-                                                                  : s.buf.data() + kRecvArea + wc.wr_id * kMaxSize;
+    const uint8_t* data = wc.opcode == WcOpcode::kRecvRdmaWithImm
+                              ? s.buf.data() + imm_offset(s.layout, size_index)
+                              : s.buf.data() + s.layout.recv_area() + wc.wr_id * s.layout.max_size;
     // A plain SEND carries no index: its length tells which size it is.
     uint32_t seed = 0;
     if (kind == kSendKind) {
@@ -219,6 +283,7 @@ int server(const std::string& dev, int lfd, int ready_fd) {
   char c;
   read_all(fd, &c, 1);  // the client has read everything back
   close(fd);
+  if (o.verbose) print_counters("server", s.ctx->counters());
   return bad ? 1 : 0;
 }
 
@@ -228,22 +293,30 @@ struct Stat {
   double secs = 0;
 };
 
-int client(const std::string& dev, const char* host, uint16_t port) {
-  Side s(dev);
+int client(const Options& o, const char* host, uint16_t port) {
+  Side s(o);
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(port);
-  inet_pton(AF_INET, host, &a.sin_addr);
+  if (inet_pton(AF_INET, host, &a.sin_addr) != 1) die("client: not an IPv4 address", EINVAL);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a)) die("connect", errno);
   const PeerInfo mine = s.info();
   write_all(fd, &mine, sizeof mine);
   PeerInfo peer;
   read_all(fd, &peer, sizeof peer);
+  if (peer.max_size < s.layout.max_size) {
+    std::fprintf(stderr, "softrdma-demo: --max-size %lu is larger than the server's %lu\n",
+                 static_cast<unsigned long>(s.layout.max_size), static_cast<unsigned long>(peer.max_size));
+    return 1;
+  }
+  const Layout remote{peer.max_size};
+  const uint64_t max_size = s.layout.max_size;
   s.connect(peer);
   std::printf("softrdma-demo: %s, local QP 0x%06x -> remote QP 0x%06x at %s, path MTU %u\n",
               s.ctx->device().name.c_str(), mine.qpn, peer.qpn, s.ctx->gid().to_string().c_str(),
               mtu_bytes(s.ctx->device().active_mtu));
+  std::fflush(stdout);  // a watcher of a run that hangs sees which QPs
 
   Stat st[] = {{"RDMA_WRITE"}, {"RDMA_READ"}, {"RDMA_WRITE_WITH_IMM"}, {"SEND"}, {"SEND_WITH_IMM"},
                {"ATOMIC_FETCH_AND_ADD"}, {"ATOMIC_CMP_AND_SWP"}};
@@ -256,9 +329,9 @@ int client(const std::string& dev, const char* host, uint16_t port) {
     stat.bytes += len;
   };
   uint8_t* local = s.buf.data();
-  uint8_t* back = s.buf.data() + kMaxSize;
+  uint8_t* back = s.buf.data() + max_size;
   uint64_t bad = 0;
-  const auto sz = sizes();
+  const auto sz = sizes(max_size);
   for (size_t i = 0; i < sz.size(); ++i) {
     const uint32_t n = sz[i];
     const uint32_t idx = static_cast<uint32_t>(i);
@@ -274,7 +347,7 @@ int client(const std::string& dev, const char* host, uint16_t port) {
     wr.rkey = peer.rkey;
     timed(st[0], wr, n);
     std::memset(back, 0, n);
-    Sge rsge = s.mr->sge(kMaxSize, n);
+    Sge rsge = s.mr->sge(max_size, n);
     wr.sg_list = std::span(&rsge, 1);
     wr.opcode = WrOpcode::kRdmaRead;
     timed(st[1], wr, n);
@@ -284,7 +357,7 @@ int client(const std::string& dev, const char* host, uint16_t port) {
     // WRITE_WITH_IMM, SEND, SEND_WITH_IMM: the server checks these.
     fill(local, n, kWriteImmKind * 100 + idx);
     wr.opcode = WrOpcode::kRdmaWriteWithImm;
-    wr.remote_addr = peer.addr + imm_offset(idx);
+    wr.remote_addr = peer.addr + imm_offset(remote, idx);
     wr.imm_data = htonl(kWriteImmKind << 24 | idx);
     timed(st[2], wr, n);
     fill(local, n, kSendKind * 100 + idx);
@@ -298,14 +371,14 @@ int client(const std::string& dev, const char* host, uint16_t port) {
 
   // Atomics on the server's counter: every returned value is checked against the expected sequence.
   uint64_t expect = 0;
-  Sge asge = s.mr->sge(2 * kMaxSize, 8);
-  auto* result = reinterpret_cast<uint64_t*>(s.buf.data() + 2 * kMaxSize);
+  Sge asge = s.mr->sge(2 * max_size, 8);
+  auto* result = reinterpret_cast<uint64_t*>(s.buf.data() + 2 * max_size);
   SendWr aw;
   aw.send_flags = kSendSignaled;
   aw.sg_list = std::span(&asge, 1);
-  aw.remote_addr = peer.addr + kCounter;
+  aw.remote_addr = peer.addr + remote.counter();
   aw.rkey = peer.rkey;
-  for (uint64_t k = 1; k <= 1000; ++k) {
+  for (uint64_t k = 1; k <= o.atomics; ++k) {
     aw.opcode = WrOpcode::kAtomicFetchAndAdd;
     aw.compare_add = k;
     timed(st[5], aw, 8);
@@ -319,12 +392,12 @@ int client(const std::string& dev, const char* host, uint16_t port) {
     if (k % 3 != 0) expect ^= 0x5555;
   }
   // The final value, read back.
-  Sge csge = s.mr->sge(2 * kMaxSize + 8, 8);
+  Sge csge = s.mr->sge(2 * max_size + 8, 8);
   SendWr rd;
   rd.opcode = WrOpcode::kRdmaRead;
   rd.send_flags = kSendSignaled;
   rd.sg_list = std::span(&csge, 1);
-  rd.remote_addr = peer.addr + kCounter;
+  rd.remote_addr = peer.addr + remote.counter();
   rd.rkey = peer.rkey;
   check(s.qp->post_send(rd), "post_send");
   s.wait();
@@ -346,59 +419,107 @@ int client(const std::string& dev, const char* host, uint16_t port) {
   for (const Stat& x : st)
     std::printf("%-22s %8lu %14lu %10.3f %12.1f %10.1f\n", x.name, static_cast<unsigned long>(x.ops),
                 static_cast<unsigned long>(x.bytes), x.secs, x.bytes / x.secs / (1 << 20), x.secs * 1e6 / x.ops);
-  std::printf("sizes 1 B .. 8 MiB; client verified %s; server verified %lu messages (%lu bytes): %s\n",
-              bad ? "MISMATCHES" : "every byte and atomic result", static_cast<unsigned long>(report[0]),
+  std::printf("sizes 1 B .. %s; client verified %s; server verified %lu messages (%lu bytes): %s\n",
+              size_str(max_size).c_str(), bad ? "MISMATCHES" : "every byte and atomic result", static_cast<unsigned long>(report[0]),
               static_cast<unsigned long>(report[1]), report[2] ? "MISMATCHES" : "all correct");
   Counters& k = s.ctx->counters();
   std::printf("client counters: %lu packets sent, %lu received, %lu retransmitted\n",
               static_cast<unsigned long>(k.get(Counter::tx_packets)),
               static_cast<unsigned long>(k.get(Counter::rx_packets)),
               static_cast<unsigned long>(k.get(Counter::retransmits)));
+  if (o.verbose) print_counters("client", k);
   return bad || report[2] ? 1 : 0;
 }
 
 }  // namespace
 
+constexpr const char* kUsage =
+    "usage: softrdma-demo [server | client HOST PORT] [-d DEVICE] [--max-size BYTES] [--atomics N] [--timeout T] [-v]\n"
+    "  (no command)        both sides on this machine, over 127.0.0.1\n"
+    "  server              wait for one client on every address; prints \"listening on 0.0.0.0:PORT\"\n"
+    "  client HOST PORT    connect to a server\n"
+    "  -d DEVICE           softrdma device (default sr_lo; see `softrdma devices`)\n"
+    "  --max-size BYTES    largest message (default 8388608): sizes 1, 2, 4, ... up to it, and 1000; a suffix\n"
+    "                      k or m multiplies by 1024 or 1048576\n"
+    "  --atomics N         FETCH_AND_ADD and CMP_AND_SWP operations, N of each (default 1000)\n"
+    "  --timeout T         the QP's local ACK timeout, 4.096 us x 2^T (default 14 = 67 ms; 1..31)\n"
+    "  -v, --verbose       print every non-zero counter of each side's context at the end\n";
+
+// A non-negative number with an optional k/m suffix; false if it is not one.
+bool parse_number(const char* text, uint64_t* out) {
+  char* end = nullptr;
+  errno = 0;
+  if (*text < '0' || *text > '9') return false;
+  unsigned long long v = std::strtoull(text, &end, 10);
+  if (errno) return false;
+  if (*end == 'k' || *end == 'K') v <<= 10, ++end;
+  else if (*end == 'm' || *end == 'M') v <<= 20, ++end;
+  if (*end) return false;
+  *out = v;
+  return true;
+}
+
 int main(int argc, char** argv) {
-  std::string dev = "sr_lo";
+  Options o;
   std::vector<std::string> args;
+  auto usage_error = [](const char* what, const char* value) {
+    std::fprintf(stderr, "softrdma-demo: bad %s '%s'\n%s", what, value, kUsage);
+    return 2;
+  };
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "-d") == 0 && i + 1 < argc) {
-      dev = argv[++i];
+    const bool has_value = i + 1 < argc;
+    uint64_t v = 0;
+    if (std::strcmp(argv[i], "-d") == 0 && has_value) {
+      o.dev = argv[++i];
+    } else if (std::strcmp(argv[i], "--max-size") == 0 && has_value) {
+      if (!parse_number(argv[++i], &v) || v < 1 || v > kMaxMaxSize) return usage_error("--max-size", argv[i]);
+      o.max_size = v;
+    } else if (std::strcmp(argv[i], "--atomics") == 0 && has_value) {
+      if (!parse_number(argv[++i], &v) || v > 100'000'000) return usage_error("--atomics", argv[i]);
+      o.atomics = v;
+    } else if (std::strcmp(argv[i], "--timeout") == 0 && has_value) {
+      if (!parse_number(argv[++i], &v) || v < 1 || v > 31) return usage_error("--timeout", argv[i]);
+      o.timeout = static_cast<uint8_t>(v);
+    } else if (std::strcmp(argv[i], "-v") == 0 || std::strcmp(argv[i], "--verbose") == 0) {
+      o.verbose = true;
     } else if (std::strcmp(argv[i], "-h") == 0 || std::strcmp(argv[i], "--help") == 0) {
-      std::printf("usage: softrdma-demo [server | client HOST PORT] [-d DEVICE]\n");
+      std::printf("%s", kUsage);
       return 0;
     } else {
       args.push_back(argv[i]);
     }
   }
-  if (!args.empty() && args[0] == "server") {
+  if (!args.empty() && args[0] == "server" && args.size() == 1) {
     uint16_t port;
-    int lfd = listen_any(&port);
-    std::printf("listening on 127.0.0.1:%u\n", port);
+    int lfd = listen_on(INADDR_ANY, &port);
+    std::printf("listening on 0.0.0.0:%u\n", port);
     std::fflush(stdout);
-    return server(dev, lfd, -1);
+    return server(o, lfd, -1);
   }
-  if (args.size() == 3 && args[0] == "client") return client(dev, args[1].c_str(), std::atoi(args[2].c_str()));
+  if (args.size() == 3 && args[0] == "client") {
+    uint64_t port = 0;
+    if (!parse_number(args[2].c_str(), &port) || port < 1 || port > 65535) return usage_error("port", args[2].c_str());
+    return client(o, args[1].c_str(), static_cast<uint16_t>(port));
+  }
   if (!args.empty()) {
-    std::fprintf(stderr, "usage: softrdma-demo [server | client HOST PORT] [-d DEVICE]\n");
+    std::fprintf(stderr, "%s", kUsage);
     return 2;
   }
   // Both sides: the server in a child process.
   uint16_t port;
-  int lfd = listen_any(&port);
+  int lfd = listen_on(INADDR_LOOPBACK, &port);
   int ready[2];
   if (pipe(ready)) die("pipe", errno);
   const pid_t pid = fork();
   if (pid == 0) {
     close(ready[0]);
-    _exit(server(dev, lfd, ready[1]));
+    _exit(server(o, lfd, ready[1]));
   }
   close(ready[1]);
   char c;
   [[maybe_unused]] ssize_t n = read(ready[0], &c, 1);
   close(lfd);
-  const int rc = client(dev, "127.0.0.1", port);
+  const int rc = client(o, "127.0.0.1", port);
   int status = 0;
   waitpid(pid, &status, 0);
   const bool server_ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;

@@ -1,15 +1,17 @@
 #!/usr/bin/python3
 """Checks a RoCEv2 capture with two independent decoders.
 
-Usage: /usr/bin/python3 check_capture.py FILE.pcap [UDP_PORT]   (port defaults to 4791)
+Usage: /usr/bin/python3 check_capture.py FILE.pcap [UDP_PORT...] [--require-opcodes N,N,...]
+       (port defaults to 4791; several ports: every packet sent to any of them is checked)
 
-1. scapy (scapy.contrib.roce, Debian's python3-scapy) recomputes the ICRC of every packet sent to
+1. scapy (scapy.contrib.roce, Debian's python3-scapy) recomputes the ICRC of every packet sent to a
    UDP_PORT and compares it with the 4 ICRC bytes on the wire. The ICRC is stored least-significant byte
    first (IBTA.md 6, gotcha 1): scapy's BTH.compute_icrc already returns the wire byte order. scapy 2.5
    cannot compute the ICRC over IPv6, so IPv6 packets are checked with the IBTA.md 6 masking here, over
    scapy's dissection, and counted apart.
-2. tshark decodes the same port as InfiniBand; every packet must have a BTH opcode, no malformed-packet
+2. tshark decodes the same ports as InfiniBand; every packet must have a BTH opcode, no malformed-packet
    mark and no expert info of severity warning or error.
+3. With --require-opcodes, every listed BTH opcode (decimal or 0x hex; IBTA.md 4) must occur at least once.
 
 Exits 0 when every check passes and prints a summary; otherwise prints each failure and exits 1.
 """
@@ -45,15 +47,16 @@ def icrc_ipv6(pkt):
     return struct.pack("<I", zlib.crc32(b"\xff" * 8 + bytes(data)) & 0xFFFFFFFF)
 
 
-def check_icrc(path, port, failures):
-    """Returns (packets, Counter of opcodes, IPv6 packets, frame numbers) for packets to `port`."""
-    if port != 4791:
-        bind_layers(UDP, BTH, dport=port)
+def check_icrc(path, ports, failures):
+    """Returns (packets, Counter of opcodes, IPv6 packets, frame numbers) for packets to any of `ports`."""
+    for port in ports:
+        if port != 4791:
+            bind_layers(UDP, BTH, dport=port)
     opcodes = collections.Counter()
     frames = []
     ipv6 = 0
     for number, pkt in enumerate(rdpcap(path), start=1):
-        if UDP not in pkt or pkt[UDP].dport != port:
+        if UDP not in pkt or pkt[UDP].dport not in ports:
             continue
         frames.append(number)
         if BTH not in pkt:
@@ -75,10 +78,12 @@ def check_icrc(path, port, failures):
     return len(frames), opcodes, ipv6, frames
 
 
-def check_tshark(path, port, failures):
-    """Returns {frame number: opcode} as tshark decodes packets to `port`."""
+def check_tshark(path, ports, failures):
+    """Returns {frame number: opcode} as tshark decodes packets to any of `ports`."""
     cmd = [
-        "tshark", "-n", "-r", path, "-d", f"udp.port=={port},infiniband", "-Y", f"udp.dstport=={port}",
+        "tshark", "-n", "-r", path,
+        *[arg for p in ports for arg in ("-d", f"udp.port=={p},infiniband")],
+        "-Y", " || ".join(f"udp.dstport=={p}" for p in ports),
         *[arg for p in PAYLOAD_GUESSERS for arg in ("--disable-protocol", p)],
         "-T", "fields", "-E", "separator=|", "-E", "occurrence=a", "-E", "aggregator=,",
         "-e", "frame.number", "-e", "infiniband.bth.opcode", "-e", "_ws.malformed",
@@ -106,25 +111,44 @@ def check_tshark(path, port, failures):
     return decoded
 
 
+def usage():
+    print("\n".join(__doc__.strip().splitlines()[2:4]), file=sys.stderr)
+    return 2
+
+
 def main(argv):
-    if len(argv) not in (2, 3):
-        print(__doc__.strip().splitlines()[2], file=sys.stderr)
-        return 2
-    path = argv[1]
-    port = int(argv[2]) if len(argv) == 3 else 4791
+    args = list(argv[1:])
+    required = []
+    if "--require-opcodes" in args:
+        i = args.index("--require-opcodes")
+        if i + 1 >= len(args):
+            return usage()
+        try:
+            required = [int(x, 0) for x in args[i + 1].split(",") if x]
+        except ValueError:
+            return usage()
+        del args[i : i + 2]
+    if not args or any(not a.isdigit() for a in args[1:]):
+        return usage()
+    path = args[0]
+    ports = sorted({int(a) for a in args[1:]}) or [4791]
+    port_text = ",".join(str(p) for p in ports)
     failures = []
-    count, opcodes, ipv6, frames = check_icrc(path, port, failures)
-    decoded = check_tshark(path, port, failures)
+    count, opcodes, ipv6, frames = check_icrc(path, ports, failures)
+    decoded = check_tshark(path, ports, failures)
     if count == 0:
-        failures.append(f"no UDP packets to port {port} in {path}")
+        failures.append(f"no UDP packets to port {port_text} in {path}")
     if sorted(decoded) != frames and decoded:
-        failures.append(f"scapy sees {count} packets to port {port}, tshark {len(decoded)}")
+        failures.append(f"scapy sees {count} packets to port {port_text}, tshark {len(decoded)}")
+    missing = [op for op in required if op not in opcodes]
+    if missing:
+        failures.append("required opcodes not seen: " + " ".join(str(op) for op in missing))
     for number in frames:
         if number in decoded and decoded[number] and int(decoded[number]) not in opcodes:
             failures.append(f"frame {number}: tshark opcode {decoded[number]} not seen by scapy")
 
     seen = " ".join(f"{op}:{n}" for op, n in sorted(opcodes.items()))
-    print(f"{path} port {port}: {count} RoCEv2 packets ({ipv6} IPv6), {len(opcodes)} opcodes: {seen}")
+    print(f"{path} port {port_text}: {count} RoCEv2 packets ({ipv6} IPv6), {len(opcodes)} opcodes: {seen}")
     if failures:
         for f in failures[:FAIL_LIMIT]:
             print("FAIL " + f, file=sys.stderr)

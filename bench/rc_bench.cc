@@ -167,12 +167,14 @@ int main(int argc, char** argv) {
   std::string dev = "sr_lo";
   double seconds = 2;
   bool with_qperf = true;
+  bool latency_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "-d") && i + 1 < argc) dev = argv[++i];
     else if (!std::strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = std::atof(argv[++i]);
     else if (!std::strcmp(argv[i], "--no-qperf")) with_qperf = false;
+    else if (!std::strcmp(argv[i], "--latency-only")) latency_only = true;
     else {
-      std::fprintf(stderr, "usage: rc-bench [-d DEV] [--seconds S] [--no-qperf]\n");
+      std::fprintf(stderr, "usage: rc-bench [-d DEV] [--seconds S] [--no-qperf] [--latency-only]\n");
       return 2;
     }
   }
@@ -182,16 +184,19 @@ int main(int argc, char** argv) {
   if (pid == 0) _exit(server(dev, lfd));
   close(lfd);
   int fd = check(connect_tcp("127.0.0.1", port), "connect");
-  double bw64k, bw1m, lat_avg, lat_med;
+  double bw64k, bw1m, lat_avg, lat_med, lat_p90, lat_p99, lat_max;
   {
     Side s(dev, fd);
-    bw64k = write_bw(s, 65536, seconds);
-    bw1m = write_bw(s, 1 << 20, seconds);
+    bw64k = latency_only ? 0 : write_bw(s, 65536, seconds);
+    bw1m = latency_only ? 0 : write_bw(s, 1 << 20, seconds);
     const int iters = std::getenv("RC_BENCH_ITERS") ? std::atoi(std::getenv("RC_BENCH_ITERS")) : 20000;
     check(send_all(fd, &iters, sizeof iters), "side channel");
     auto lat = pingpong(s, true, iters);
     std::sort(lat.begin(), lat.end());
     lat_med = lat[lat.size() / 2];
+    lat_p90 = lat[lat.size() * 9 / 10];
+    lat_p99 = lat[lat.size() * 99 / 100];
+    lat_max = lat.back();
     double sum = 0;
     for (double x : lat) sum += x;
     lat_avg = sum / lat.size();
@@ -225,5 +230,6 @@ int main(int argc, char** argv) {
   row("RC WRITE bw 1 MiB (GB/s, 10^9)", bw1m / 1e9, q1m, "");
   row("8 B WRITE latency, half RTT avg (us)", lat_avg, qlat, "");
   std::printf("%-34s %10.3f\n", "8 B WRITE latency, half RTT median", lat_med);
+  std::printf("%-34s %10.3f / %.3f / %.3f\n", "  p90 / p99 / max (us)", lat_p90, lat_p99, lat_max);
   return 0;
 }

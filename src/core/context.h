@@ -80,6 +80,7 @@ class Context {
   bool app_driving(Nanos now, Nanos ns) const {
     return now - app_drive_ns_.load(std::memory_order_relaxed) < ns;
   }
+  void clear_app_driving() { app_drive_ns_.store(0, std::memory_order_relaxed); }
   // From an application thread: drives progress with a batch of its own if no one else is.
   bool drive_from_app();
 

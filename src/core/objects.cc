@@ -174,6 +174,9 @@ uint32_t Cq::take(std::span<Wc> out) {
 
 int Cq::req_notify(bool solicited_only) {
   armed_.store(solicited_only ? 2 : 1, std::memory_order_release);
+  // The application is about to wait for an event rather than poll: the progress thread must receive.
+  ctx_->clear_app_driving();
+  ctx_->kick();
   return 0;
 }
 

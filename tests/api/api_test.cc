@@ -347,3 +347,57 @@ TEST(Api, TwoGibWrite) {
 
 }  // namespace
 }  // namespace softrdma
+
+namespace softrdma {
+namespace {
+
+// Standard mode over real UDP: the context binds 127.0.0.1:4791 and every QP lives behind it.
+TEST(Api, StandardPortOverUdp) {
+  OpenOptions o;
+  o.standard_port = true;
+  auto ctx = Context::open("sr_lo", o);
+  ASSERT_TRUE(ctx) << ctx.error();
+  auto pd = *(*ctx)->alloc_pd();
+  auto cq = *(*ctx)->create_cq(16);
+  std::vector<uint8_t> buf(1 << 16);
+  auto mr = *pd->reg_mr(buf.data(), buf.size(), kLocalWrite | kRemoteWrite);
+  QpInit init;
+  init.send_cq = init.recv_cq = cq.get();
+  auto qa = pd->create_qp(init);
+  if (!qa && qa.error() == EADDRINUSE) GTEST_SKIP() << "UDP 4791 on 127.0.0.1 is taken on this host";
+  ASSERT_TRUE(qa);
+  auto a = std::move(*qa);
+  auto b = *pd->create_qp(init);
+  EXPECT_EQ(a->core()->port(), 4791);
+  EXPECT_EQ(b->core()->port(), 4791);
+  PeerInfo ia = local_info(**ctx, *a, mr.get()), ib = local_info(**ctx, *b, mr.get());
+  ASSERT_TRUE(connect_qp(**ctx, *a, ia, ib));
+  ASSERT_TRUE(connect_qp(**ctx, *b, ib, ia));
+  std::memcpy(buf.data(), "to port 4791", 12);
+  Sge s = mr->sge(0, 12);
+  SendWr wr;
+  wr.opcode = WrOpcode::kRdmaWrite;
+  wr.send_flags = kSendSignaled;
+  wr.sg_list = std::span(&s, 1);
+  wr.remote_addr = reinterpret_cast<uint64_t>(buf.data()) + 100;
+  wr.rkey = mr->rkey();
+  ASSERT_TRUE(a->post_send(wr));
+  Wc wc;
+  int n = 0;
+  for (int i = 0; i < 5'000'000 && n == 0; ++i) n = cq->poll(std::span(&wc, 1));
+  ASSERT_EQ(n, 1);
+  EXPECT_EQ(wc.status, WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(buf.data() + 100, "to port 4791", 12), 0);
+  // A second process-like context on the same address cannot have 4791 too.
+  auto ctx2 = Context::open("sr_lo", o);
+  ASSERT_TRUE(ctx2);
+  auto pd2 = *(*ctx2)->alloc_pd();
+  auto cq2 = *(*ctx2)->create_cq(4);
+  init.send_cq = init.recv_cq = cq2.get();
+  auto c = pd2->create_qp(init);
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.error(), EADDRINUSE);
+}
+
+}  // namespace
+}  // namespace softrdma

@@ -244,3 +244,83 @@ TEST(Rc, StandardPortMode) {
 
 }  // namespace
 }  // namespace softrdma::test
+
+namespace softrdma::test {
+namespace {
+
+// Inline data is copied at post time: the buffer may change right after, and no lkey is needed.
+TEST(Rc, InlineSendAndWrite) {
+  Harness h;
+  ASSERT_EQ(h.post_recv(h.b, 5, 0, 256), 0);
+  std::memcpy(h.a.buf.data(), "inline payload!", 16);
+  Wr send(h.a, WrOpcode::kSend, 0, 16, 1);
+  send.wr.send_flags |= kSendInline;
+  send.sge.lkey = 0xDEAD;  // ignored for inline data
+  ASSERT_EQ(h.post_send(h.a, send), 0);
+  Wr write(h.a, WrOpcode::kRdmaWrite, 0, 16, 2);
+  write.remote(h.b, 1000);
+  write.wr.send_flags |= kSendInline;
+  ASSERT_EQ(h.post_send(h.a, write), 0);
+  std::memset(h.a.buf.data(), 'x', 16);  // after the post: must not reach the peer
+  std::vector<Wc> s, r;
+  ASSERT_TRUE(h.run([&] {
+    for (auto& w : h.a.poll(h.a.scq)) s.push_back(w);
+    for (auto& w : h.b.poll(h.b.rcq)) r.push_back(w);
+    return s.size() == 2 && r.size() == 1;
+  }));
+  for (auto& w : s) EXPECT_EQ(w.status, WcStatus::kSuccess);
+  EXPECT_EQ(r[0].byte_len, 16u);
+  EXPECT_EQ(std::memcmp(h.b.buf.data(), "inline payload!", 16), 0);
+  EXPECT_EQ(std::memcmp(h.b.buf.data() + 1000, "inline payload!", 16), 0);
+}
+
+// Gather from several SGEs on send, scatter into several on receive and on READ.
+TEST(Rc, SgeLists) {
+  Harness h;
+  fill(h.a.buf, 0, 8000, 11);
+  // Send 3 pieces (1000 + 2500 + 1700 bytes) from scattered places.
+  Sge ss[3] = {{h.a.addr(0), 1000, h.a.mr->key}, {h.a.addr(3000), 2500, h.a.mr->key},
+               {h.a.addr(7000), 1700, h.a.mr->key}};
+  std::vector<uint8_t> expect;
+  for (const Sge& s : ss) {
+    const uint8_t* p = reinterpret_cast<const uint8_t*>(s.addr);
+    expect.insert(expect.end(), p, p + s.length);
+  }
+  // Receive into 2 pieces: 3000 at 100000 and 4000 at 200000.
+  Sge rs[2] = {{h.b.addr(100000), 3000, h.b.mr->key}, {h.b.addr(200000), 4000, h.b.mr->key}};
+  core::RecvWr rwr{9, std::span(rs, 2)};
+  size_t bad;
+  ASSERT_EQ(h.b.qp->post_recv(std::span(&rwr, 1), &bad), 0);
+  core::SendWr wr;
+  wr.wr_id = 1;
+  wr.opcode = WrOpcode::kSend;
+  wr.send_flags = kSendSignaled;
+  wr.sg_list = std::span(ss, 3);
+  ASSERT_EQ(h.a.qp->post_send(std::span(&wr, 1), &bad), 0);
+  // READ 5200 bytes of b back into 2 pieces of a.
+  fill(h.b.buf, 300000, 5200, 12);
+  Sge ds[2] = {{h.a.addr(500000), 2000, h.a.mr->key}, {h.a.addr(600000), 3200, h.a.mr->key}};
+  core::SendWr rd;
+  rd.wr_id = 2;
+  rd.opcode = WrOpcode::kRdmaRead;
+  rd.send_flags = kSendSignaled;
+  rd.sg_list = std::span(ds, 2);
+  rd.remote_addr = h.b.addr(300000);
+  rd.rkey = h.b.mr->key;
+  ASSERT_EQ(h.a.qp->post_send(std::span(&rd, 1), &bad), 0);
+  std::vector<Wc> s, r;
+  ASSERT_TRUE(h.run([&] {
+    for (auto& w : h.a.poll(h.a.scq)) s.push_back(w);
+    for (auto& w : h.b.poll(h.b.rcq)) r.push_back(w);
+    return s.size() == 2 && r.size() == 1;
+  }));
+  EXPECT_EQ(r[0].byte_len, 5200u);
+  EXPECT_EQ(std::memcmp(h.b.buf.data() + 100000, expect.data(), 3000), 0);
+  EXPECT_EQ(std::memcmp(h.b.buf.data() + 200000, expect.data() + 3000, 2200), 0);
+  EXPECT_EQ(s[1].status, WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(h.a.buf.data() + 500000, h.b.buf.data() + 300000, 2000), 0);
+  EXPECT_EQ(std::memcmp(h.a.buf.data() + 600000, h.b.buf.data() + 302000, 3200), 0);
+}
+
+}  // namespace
+}  // namespace softrdma::test

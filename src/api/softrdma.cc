@@ -73,8 +73,7 @@ Result<std::unique_ptr<Context>> Context::open(std::string_view name, const Open
   cfg.standard_port = opt.standard_port;
   impl->ctx = std::make_unique<core::Context>(impl->udp.get(), counters, cfg);
   impl->progress = std::make_unique<engine::Progress>(impl->ctx.get());
-  if (!getenv("SOFTRDMA_NO_PROGRESS_EXPERIMENT"))
-    if (int err = impl->progress->start()) return std::unexpected(err);
+  if (int err = impl->progress->start()) return std::unexpected(err);
   return std::unique_ptr<Context>(new Context(std::move(impl)));
 }
 

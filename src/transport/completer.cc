@@ -73,9 +73,7 @@ void Transport::retire(Qp& qp) {
     SendWqe& w = qp.sq_[qp.comp_.wqe & qp.sq_mask_];
     if (!w.done) break;
     ++qp.comp_.wqe;
-    if (is_read(w) || is_atomic(w)) {
-      if (qp.req_.rd_atomic) --qp.req_.rd_atomic;
-    }
+    if (is_atomic(w) && qp.req_.rd_atomic) --qp.req_.rd_atomic;  // (READs count down per request)
     complete_send(qp, w, w.status);
     if (w.status != WcStatus::kSuccess) {
       to_error(qp);
@@ -171,18 +169,21 @@ void Transport::completer(Qp& qp, PacketView pkt, io::TxBatch& tx, Nanos now) {
             }
             break;
           }
-          const uint32_t offset = static_cast<uint32_t>(psn_diff(psn, w.first_psn)) * pmtu;
+          // Each response carries a full path MTU but the last of the WQE's data; a READ sent in chunks
+          // has a LAST (or ONLY) response at the end of every chunk.
+          const uint64_t offset = uint64_t(psn_diff(psn, w.first_psn)) * pmtu;
           const uint32_t len = pkt.payload_len();
-          const bool end = oi.any(kEnd);
-          const uint32_t expect = end ? w.length - offset : pmtu;
-          if (len != expect || offset + len > w.length) {
+          const bool data_end = offset + len == w.length;
+          if (offset > w.length || len != std::min<uint64_t>(pmtu, w.length - offset) ||
+              (data_end && !oi.any(kEnd))) {
             counters.add(Counter::drop_bad_header);
             break;
           }
-          scatter(w, offset, pkt.payload(), len);
+          scatter(w, static_cast<uint32_t>(offset), pkt.payload(), len);
           comp.psn = psn_add(psn, 1);
           progress = true;
-          if (end) {
+          if (oi.any(kEnd) && qp.req_.rd_atomic) --qp.req_.rd_atomic;  // one READ request answered
+          if (data_end) {
             w.done = true;
             retire(qp);
           }

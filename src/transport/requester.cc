@@ -1,4 +1,6 @@
 // The requester: turns send WQEs into request packets while the send window allows (IBTA.md 1, 4c, 5).
+#include <algorithm>
+
 #include "core/context.h"
 #include "transport/transport.h"
 
@@ -10,6 +12,9 @@ using namespace wire;
 bool is_read_or_atomic(WrOpcode op) {
   return op == WrOpcode::kRdmaRead || op == WrOpcode::kAtomicCmpAndSwp || op == WrOpcode::kAtomicFetchAndAdd;
 }
+
+// Response packets per READ request: bounds what one request makes the responder send at once.
+constexpr uint32_t kReadChunk = 64;
 
 uint32_t packets_for(uint32_t len, uint32_t pmtu) { return len == 0 ? 1 : (len + pmtu - 1) / pmtu; }
 
@@ -100,11 +105,10 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
     const bool rd_atomic = is_read_or_atomic(w.opcode);
     if (rc) {
       if (psn_diff(qp.req_.psn, qp.comp_.psn) >= static_cast<int32_t>(window)) break;
-      if (qp.req_.offset == 0) {
-        if (rd_atomic && qp.req_.rd_atomic >= std::max<uint32_t>(1, qp.attr_.max_rd_atomic)) break;
-        // A fenced WQE waits for every READ/ATOMIC before it to complete.
-        if ((w.send_flags & kSendFence) && qp.req_.rd_atomic > 0) break;
-      }
+      // Each READ request (every chunk of a READ) and each ATOMIC counts against max_rd_atomic.
+      if (rd_atomic && qp.req_.rd_atomic >= std::max<uint32_t>(1, qp.attr_.max_rd_atomic)) break;
+      // A fenced WQE waits for every READ/ATOMIC before it to complete.
+      if (qp.req_.offset == 0 && (w.send_flags & kSendFence) && qp.req_.rd_atomic > 0) break;
     }
     const uint32_t npkts = (w.opcode == WrOpcode::kAtomicCmpAndSwp || w.opcode == WrOpcode::kAtomicFetchAndAdd)
                                ? 1
@@ -118,16 +122,29 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
     const uint32_t dqpn = qp.type() == QpType::kUd ? w.ud_dqpn : qp.attr_.dest_qp_num;
 
     if (w.opcode == WrOpcode::kRdmaRead) {
-      // One request; the READ uses one PSN per response packet. A retried READ asks only for the rest.
-      const uint32_t done_bytes = qp.req_.offset;
+      // One request per chunk of at most kReadChunk response packets, within the send window: a long READ
+      // never floods the requester's socket, and a loss costs one chunk, not the rest of the READ. The
+      // chunks use consecutive PSNs, so the responses land by PSN as for one request. (A retried READ
+      // resumes where the responses stopped.)
+      const uint32_t sent_pkts = qp.req_.offset / pmtu;
+      const uint32_t room = window - static_cast<uint32_t>(psn_diff(qp.req_.psn, qp.comp_.psn));
+      const uint32_t want = std::min(npkts - sent_pkts, kReadChunk);
+      if (room < want && room < window) break;  // wait for room for a whole chunk, not a sliver of one
+      const uint32_t chunk = std::min(want, room);
+      const uint64_t off = uint64_t{sent_pkts} * pmtu;
+      const uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(w.length - off, uint64_t{chunk} * pmtu));
       io::TxPacket& p =
           new_packet(qp, tx, dst, opcode(wire::Transport::kRc, kOpReadRequest), false, dqpn, true, qp.req_.psn, 0);
-      PacketView(p.hdr, p.hdr_len).set_reth(w.remote_addr + done_bytes, w.rkey, w.length - done_bytes);
-      advance_psn(qp, psn_add(w.last_psn, 1));
+      PacketView(p.hdr, p.hdr_len).set_reth(w.remote_addr + off, w.rkey, len);
+      advance_psn(qp, psn_add(qp.req_.psn, chunk));
       ++qp.req_.rd_atomic;
-      ++qp.req_.wqe;
-      qp.req_.offset = 0;
       qp.req_.noack_pkts = 0;
+      if (sent_pkts + chunk >= npkts) {
+        ++qp.req_.wqe;
+        qp.req_.offset = 0;
+      } else {
+        qp.req_.offset = static_cast<uint32_t>(off) + chunk * pmtu;
+      }
       continue;
     }
     if (rd_atomic) {

@@ -194,26 +194,39 @@ struct Responder {
       send_ack(make_syndrome(AckType::kAck, kAckUnlimitedCredit), psn_add(r.psn, kPsnMask), false);
       return;
     }
+    if (oi.has(kReadReq)) return duplicate_read(psn);
     for (RespResource& res : r.res) {
-      if (!res.valid) continue;
-      if (oi.has(kReadReq) && !res.atomic && psn_diff(psn, res.first_psn) >= 0 &&
-          psn_diff(psn, res.last_psn) <= 0) {
-        // Replay from the duplicate's PSN, for the range it asks (a subset of the original).
-        const uint64_t skip = pkt.reth_va() - res.va;
-        if (pkt.reth_va() < res.va || pkt.reth_rkey() != res.rkey || skip + pkt.reth_len() > res.length) return;
-        MrRef mr = remote_mr(res.rkey, pkt.reth_va(), pkt.reth_len(), kRemoteRead);
-        if (!mr) return;
-        Transport::flush_ack(qp, tx);
-        send_read_responses(mr, pkt.reth_va(), pkt.reth_len(), psn, res.msn);
-        return;
-      }
-      if (oi.has(kAtomic) && res.atomic && res.first_psn == psn) {
+      if (res.valid && res.atomic && oi.has(kAtomic) && res.first_psn == psn) {
         // Never execute an atomic twice: resend the saved result.
         Transport::flush_ack(qp, tx);
         send_atomic_ack(psn, res.atomic_orig, res.msn);
         return;
       }
     }
+  }
+
+  // A READ is idempotent: a duplicate is executed again from memory, with every check of a new one (its
+  // range need not match an earlier request: a requester that resumes a READ after a loss asks from the
+  // first missing PSN, across the chunks it sent before). The part of it beyond the expected PSN, if any,
+  // is new work.
+  void duplicate_read(uint32_t psn) {
+    const uint64_t va = pkt.reth_va();
+    const uint32_t len = pkt.reth_len();
+    MrRef mr = remote_mr(pkt.reth_rkey(), va, len, kRemoteRead);
+    if (!mr && len > 0) return fatal(kNakRemoteAccessErr, WcStatus::kRemAccessErr);
+    const uint32_t n = len == 0 ? 1 : (len + qp.pmtu() - 1) / qp.pmtu();
+    const uint32_t last = psn_add(psn, n - 1);
+    uint32_t msn = r.msn;
+    for (const RespResource& res : r.res)
+      if (res.valid && !res.atomic && psn_diff(psn, res.first_psn) >= 0 && psn_diff(psn, res.last_psn) <= 0)
+        msn = res.msn;
+    if (psn_diff(last, r.psn) >= 0) {
+      r.msn = (r.msn + 1) & 0xFFFFFF;
+      msn = r.msn;
+      r.psn = psn_add(last, 1);
+    }
+    Transport::flush_ack(qp, tx);
+    send_read_responses(mr, va, len, psn, msn);
   }
 
   void send_read_responses(const MrRef& mr, uint64_t va, uint32_t len, uint32_t psn, uint32_t msn) {

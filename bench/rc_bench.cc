@@ -26,19 +26,6 @@ namespace {
 
 constexpr uint64_t kBuf = 4u << 20;
 
-[[noreturn]] void die(const char* what, int err) {
-  std::fprintf(stderr, "rc-bench: %s: %s\n", what, std::strerror(err));
-  std::exit(1);
-}
-template <typename T>
-T check(Result<T> r, const char* what) {
-  if (!r) die(what, r.error());
-  return std::move(*r);
-}
-void check(Result<void> r, const char* what) {
-  if (!r) die(what, r.error());
-}
-
 struct Side {
   std::unique_ptr<Context> ctx;
   std::unique_ptr<ProtectionDomain> pd;
@@ -49,18 +36,18 @@ struct Side {
   PeerInfo mine, peer;
 
   Side(const std::string& dev, int fd) {
-    ctx = check(Context::open(dev), "open device");
-    pd = check(ctx->alloc_pd(), "alloc_pd");
-    cq = check(ctx->create_cq(1024), "create_cq");
+    ctx = or_exit(Context::open(dev), "open device");
+    pd = or_exit(ctx->alloc_pd(), "alloc_pd");
+    cq = or_exit(ctx->create_cq(1024), "create_cq");
     QpInit init;
     init.send_cq = init.recv_cq = cq.get();
     init.cap = {256, 16, 1, 1, 64};
-    qp = check(pd->create_qp(init), "create_qp");
+    qp = or_exit(pd->create_qp(init), "create_qp");
     buf.assign(kBuf, 0);
-    mr = check(pd->reg_mr(buf.data(), buf.size(), kLocalWrite | kRemoteWrite | kRemoteRead), "reg_mr");
+    mr = or_exit(pd->reg_mr(buf.data(), buf.size(), kLocalWrite | kRemoteWrite | kRemoteRead), "reg_mr");
     mine = local_info(*ctx, *qp, mr.get());
-    peer = check(exchange(fd, mine), "exchange");
-    check(connect_qp(*ctx, *qp, mine, peer), "connect");
+    peer = or_exit(exchange(fd, mine), "exchange");
+    or_exit(connect_qp(*ctx, *qp, mine, peer), "connect");
   }
 
   int poll(Wc* wc, int n) {
@@ -97,7 +84,7 @@ double write_bw(Side& s, uint32_t size, double seconds) {
   while (!stop || completed < posted) {
     while (!stop && posted - completed < uint64_t(depth)) {
       const bool sig = (posted + 1) % signal_every == 0;
-      check(s.qp->post_send(s.write(0, size, 0, &sge, sig)), "post_send");
+      or_exit(s.qp->post_send(s.write(0, size, 0, &sge, sig)), "post_send");
       ++posted;
       if (posted % signal_every == 0 && Clock::now() >= end) stop = true;
     }
@@ -119,13 +106,13 @@ std::vector<double> pingpong(Side& s, bool client, int iters) {
     const auto t0 = Clock::now();
     if (client) {
       s.buf[7] = v;
-      check(s.qp->post_send(s.write(0, 8, 64 - 7, &sge, i % 64 == 0)), "post_send");
+      or_exit(s.qp->post_send(s.write(0, 8, 64 - 7, &sge, i % 64 == 0)), "post_send");
       while (*mine != v) s.poll(wc, 8);  // polling the CQ also runs softrdma's receive path
       half_rtt_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / 2);
     } else {
       while (*mine != v) s.poll(wc, 8);
       s.buf[7] = v;
-      check(s.qp->post_send(s.write(0, 8, 64 - 7, &sge, i % 64 == 0)), "post_send");
+      or_exit(s.qp->post_send(s.write(0, 8, 64 - 7, &sge, i % 64 == 0)), "post_send");
     }
     s.poll(wc, 8);
   }
@@ -133,13 +120,13 @@ std::vector<double> pingpong(Side& s, bool client, int iters) {
 }
 
 int server(const std::string& dev, int lfd) {
-  int fd = check(accept_tcp(lfd), "accept");
+  int fd = or_exit(accept_tcp(lfd), "accept");
   Side s(dev, fd);
   int iters;
-  check(recv_all(fd, &iters, sizeof iters), "side channel");
+  or_exit(recv_all(fd, &iters, sizeof iters), "side channel");
   pingpong(s, false, iters);
   char c;
-  check(recv_all(fd, &c, 1), "side channel");
+  or_exit(recv_all(fd, &c, 1), "side channel");
   return 0;
 }
 
@@ -179,18 +166,18 @@ int main(int argc, char** argv) {
     }
   }
   uint16_t port = 0;
-  int lfd = check(listen_tcp("127.0.0.1", &port), "listen");
+  int lfd = or_exit(listen_tcp("127.0.0.1", &port), "listen");
   const pid_t pid = fork();
   if (pid == 0) _exit(server(dev, lfd));
   close(lfd);
-  int fd = check(connect_tcp("127.0.0.1", port), "connect");
+  int fd = or_exit(connect_tcp("127.0.0.1", port), "connect");
   double bw64k, bw1m, lat_avg, lat_med, lat_p90, lat_p99, lat_max;
   {
     Side s(dev, fd);
     bw64k = latency_only ? 0 : write_bw(s, 65536, seconds);
     bw1m = latency_only ? 0 : write_bw(s, 1 << 20, seconds);
     const int iters = std::getenv("RC_BENCH_ITERS") ? std::atoi(std::getenv("RC_BENCH_ITERS")) : 20000;
-    check(send_all(fd, &iters, sizeof iters), "side channel");
+    or_exit(send_all(fd, &iters, sizeof iters), "side channel");
     auto lat = pingpong(s, true, iters);
     std::sort(lat.begin(), lat.end());
     lat_med = lat[lat.size() / 2];
@@ -201,7 +188,7 @@ int main(int argc, char** argv) {
     for (double x : lat) sum += x;
     lat_avg = sum / lat.size();
     char c = 1;
-    check(send_all(fd, &c, 1), "side channel");
+    or_exit(send_all(fd, &c, 1), "side channel");
   }
   waitpid(pid, nullptr, 0);
 

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "softrdma/connect.h"
 #include "softrdma/softrdma.h"
 
 using namespace softrdma;
@@ -60,27 +61,6 @@ struct Options {
   uint8_t timeout = 14;
   bool verbose = false;  // print every non-zero counter of each side's context at the end
 };
-
-struct PeerInfo {
-  uint32_t qpn, psn;
-  uint8_t gid[16];
-  uint64_t addr;
-  uint32_t rkey;
-  uint64_t max_size;  // the sender's largest message, which fixes its buffer's layout
-};
-
-[[noreturn]] void die(const char* what, int err) {
-  std::fprintf(stderr, "softrdma-demo: %s: %s\n", what, std::strerror(err));
-  std::exit(1);
-}
-template <typename T>
-T check(Result<T> r, const char* what) {
-  if (!r) die(what, r.error());
-  return std::move(*r);
-}
-void check(Result<void> r, const char* what) {
-  if (!r) die(what, r.error());
-}
 
 // 1, 2, 4, ... up to max_size, and 1000 (one size that is not a power of two) in its place. The list for a
 // smaller max_size is a prefix of the list for a larger one, so a size's index means the same on both sides.
@@ -118,13 +98,6 @@ uint64_t mismatches(const uint8_t* p, uint64_t n, uint32_t seed) {
   return bad;
 }
 
-void write_all(int fd, const void* p, size_t n) {
-  if (send(fd, p, n, 0) != static_cast<ssize_t>(n)) die("side channel send", errno);
-}
-void read_all(int fd, void* p, size_t n) {
-  if (recv(fd, p, n, MSG_WAITALL) != static_cast<ssize_t>(n)) die("side channel recv", errno ? errno : EPIPE);
-}
-
 // Everything one side owns.
 struct Side {
   std::unique_ptr<Context> ctx;
@@ -133,53 +106,29 @@ struct Side {
   std::unique_ptr<QueuePair> qp;
   std::vector<uint8_t> buf;
   std::unique_ptr<MemoryRegion> mr;
-  uint32_t psn;
+  PeerInfo mine;
   Layout layout;
   uint8_t timeout;
 
   explicit Side(const Options& o) : layout{o.max_size}, timeout(o.timeout) {
-    ctx = check(Context::open(o.dev), "open device");
-    pd = check(ctx->alloc_pd(), "alloc_pd");
-    cq = check(ctx->create_cq(1024), "create_cq");
+    ctx = or_exit(Context::open(o.dev), "open device");
+    pd = or_exit(ctx->alloc_pd(), "alloc_pd");
+    cq = or_exit(ctx->create_cq(1024), "create_cq");
     QpInit init;
     init.send_cq = init.recv_cq = cq.get();
     init.cap = {64, 64, 1, 1, 64};
-    qp = check(pd->create_qp(init), "create_qp");
+    qp = or_exit(pd->create_qp(init), "create_qp");
     buf.assign(layout.buf_size(), 0);
-    mr = check(pd->reg_mr(buf.data(), buf.size(), kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic),
+    mr = or_exit(pd->reg_mr(buf.data(), buf.size(), kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic),
                "reg_mr");
-    psn = std::random_device{}() & 0xFFFFFF;
-  }
-
-  PeerInfo info() const {
-    PeerInfo i{qp->qpn(), psn, {}, reinterpret_cast<uint64_t>(buf.data()), mr->rkey(), layout.max_size};
-    std::memcpy(i.gid, ctx->gid().raw.data(), 16);
-    return i;
+    mine = local_info(*ctx, *qp, mr.get());
+    mine.user = layout.max_size;
   }
 
   void connect(const PeerInfo& peer) {
-    QpAttr a;
-    a.qp_state = QpState::kInit;
-    a.qp_access_flags = kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic;
-    check(qp->modify(a, kQpState | kQpPkeyIndex | kQpPort | kQpAccessFlags), "modify INIT");
-    a.qp_state = QpState::kRtr;
-    a.path_mtu = ctx->device().active_mtu;
-    a.dest_qp_num = peer.qpn;
-    a.rq_psn = peer.psn;
-    a.max_dest_rd_atomic = 16;
-    a.min_rnr_timer = 1;
-    std::memcpy(a.ah_attr.dgid.raw.data(), peer.gid, 16);
-    check(qp->modify(a, kQpState | kQpAv | kQpPathMtu | kQpDestQpn | kQpRqPsn | kQpMaxDestRdAtomic |
-                            kQpMinRnrTimer),
-          "modify RTR");
-    a.qp_state = QpState::kRts;
-    a.sq_psn = psn;
-    a.timeout = timeout;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 16;
-    check(qp->modify(a, kQpState | kQpSqPsn | kQpTimeout | kQpRetryCnt | kQpRnrRetry | kQpMaxQpRdAtomic),
-          "modify RTS");
+    ConnectOptions c;
+    c.timeout = timeout;
+    or_exit(connect_qp(*ctx, *qp, mine, peer, c), "connect QP");
   }
 
   Wc wait() {
@@ -196,7 +145,7 @@ struct Side {
 
   void post_recv(int slot) {
     Sge s = mr->sge(layout.recv_area() + slot * layout.max_size, static_cast<uint32_t>(layout.max_size));
-    check(qp->post_recv(RecvWr{static_cast<uint64_t>(slot), std::span(&s, 1)}), "post_recv");
+    or_exit(qp->post_recv(RecvWr{static_cast<uint64_t>(slot), std::span(&s, 1)}), "post_recv");
   }
 };
 
@@ -211,19 +160,6 @@ void print_counters(const char* who, const Counters& k) {
   std::fflush(stdout);
 }
 
-int listen_on(uint32_t addr, uint16_t* port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(addr);
-  socklen_t len = sizeof a;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) || listen(fd, 1) ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len))
-    die("listen", errno);
-  *port = ntohs(a.sin_port);
-  return fd;
-}
-
 // The server checks every message that reaches it and reports the totals when the client says done.
 int server(const Options& o, int lfd, int ready_fd) {
   Side s(o);
@@ -232,22 +168,21 @@ int server(const Options& o, int lfd, int ready_fd) {
     [[maybe_unused]] ssize_t n = write(ready_fd, &c, 1);
     close(ready_fd);
   }
-  int fd = accept(lfd, nullptr, nullptr);
-  if (fd < 0) die("accept", errno);
+  const int fd = or_exit(accept_tcp(lfd), "accept");
   PeerInfo peer;
-  read_all(fd, &peer, sizeof peer);
-  const PeerInfo mine = s.info();
-  if (peer.max_size > s.layout.max_size) {  // the client says so too, and gives up
-    write_all(fd, &mine, sizeof mine);
+  or_exit(recv_all(fd, &peer, sizeof peer), "side channel");
+  const PeerInfo& mine = s.mine;
+  if (peer.user > s.layout.max_size) {  // the client says so too, and gives up
+    or_exit(send_all(fd, &mine, sizeof mine), "side channel");
     std::fprintf(stderr, "softrdma-demo: the client's --max-size %lu is larger than this server's %lu\n",
-                 static_cast<unsigned long>(peer.max_size), static_cast<unsigned long>(s.layout.max_size));
+                 static_cast<unsigned long>(peer.user), static_cast<unsigned long>(s.layout.max_size));
     return 1;
   }
   // Ready to receive before the client learns this QP's number: otherwise the client's first packets can
   // reach a QP still in RESET/INIT, which drops them, and each such loss costs a local ACK timeout.
   s.connect(peer);
   for (int i = 0; i < kRecvBufs; ++i) s.post_recv(i);
-  write_all(fd, &mine, sizeof mine);
+  or_exit(send_all(fd, &mine, sizeof mine), "side channel");
   if (ready_fd < 0) {  // a server of its own (when both sides run here, the client's line says it all)
     std::printf("softrdma-demo server: %s, local QP 0x%06x <- remote QP 0x%06x\n", s.ctx->device().name.c_str(),
                 mine.qpn, peer.qpn);
@@ -279,9 +214,9 @@ int server(const Options& o, int lfd, int ready_fd) {
     if (wc.opcode == WcOpcode::kRecv || wc.opcode == WcOpcode::kRecvRdmaWithImm) s.post_recv(static_cast<int>(wc.wr_id));
   }
   const uint64_t report[3] = {messages, bytes, bad};
-  write_all(fd, report, sizeof report);
+  or_exit(send_all(fd, report, sizeof report), "side channel");
   char c;
-  read_all(fd, &c, 1);  // the client has read everything back
+  or_exit(recv_all(fd, &c, 1), "side channel");  // the client has read everything back
   close(fd);
   if (o.verbose) print_counters("server", s.ctx->counters());
   return bad ? 1 : 0;
@@ -295,22 +230,15 @@ struct Stat {
 
 int client(const Options& o, const char* host, uint16_t port) {
   Side s(o);
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  if (inet_pton(AF_INET, host, &a.sin_addr) != 1) die("client: not an IPv4 address", EINVAL);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a)) die("connect", errno);
-  const PeerInfo mine = s.info();
-  write_all(fd, &mine, sizeof mine);
-  PeerInfo peer;
-  read_all(fd, &peer, sizeof peer);
-  if (peer.max_size < s.layout.max_size) {
+  const int fd = or_exit(connect_tcp(host, port), "connect to the server");
+  const PeerInfo& mine = s.mine;
+  const PeerInfo peer = or_exit(exchange(fd, mine), "side channel");
+  if (peer.user < s.layout.max_size) {
     std::fprintf(stderr, "softrdma-demo: --max-size %lu is larger than the server's %lu\n",
-                 static_cast<unsigned long>(s.layout.max_size), static_cast<unsigned long>(peer.max_size));
+                 static_cast<unsigned long>(s.layout.max_size), static_cast<unsigned long>(peer.user));
     return 1;
   }
-  const Layout remote{peer.max_size};
+  const Layout remote{peer.user};
   const uint64_t max_size = s.layout.max_size;
   s.connect(peer);
   std::printf("softrdma-demo: %s, local QP 0x%06x -> remote QP 0x%06x at %s, path MTU %u\n",
@@ -322,7 +250,7 @@ int client(const Options& o, const char* host, uint16_t port) {
                {"ATOMIC_FETCH_AND_ADD"}, {"ATOMIC_CMP_AND_SWP"}};
   auto timed = [&s](Stat& stat, const SendWr& wr, uint64_t len) {
     const auto t0 = std::chrono::steady_clock::now();
-    check(s.qp->post_send(wr), "post_send");
+    or_exit(s.qp->post_send(wr), "post_send");
     s.wait();
     stat.secs += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ++stat.ops;
@@ -399,7 +327,7 @@ int client(const Options& o, const char* host, uint16_t port) {
   rd.sg_list = std::span(&csge, 1);
   rd.remote_addr = peer.addr + remote.counter();
   rd.rkey = peer.rkey;
-  check(s.qp->post_send(rd), "post_send");
+  or_exit(s.qp->post_send(rd), "post_send");
   s.wait();
   bad += result[1] != expect;
 
@@ -407,12 +335,12 @@ int client(const Options& o, const char* host, uint16_t port) {
   done.opcode = WrOpcode::kSendWithImm;
   done.send_flags = kSendSignaled;
   done.imm_data = htonl(uint32_t{kDoneKind} << 24);
-  check(s.qp->post_send(done), "post_send");
+  or_exit(s.qp->post_send(done), "post_send");
   s.wait();
   uint64_t report[3];
-  read_all(fd, report, sizeof report);
+  or_exit(recv_all(fd, report, sizeof report), "side channel");
   char c = 1;
-  write_all(fd, &c, 1);
+  or_exit(send_all(fd, &c, 1), "side channel");
   close(fd);
 
   std::printf("%-22s %8s %14s %10s %12s %10s\n", "operation", "ops", "bytes", "seconds", "MiB/s", "us/op");
@@ -490,8 +418,8 @@ int main(int argc, char** argv) {
     }
   }
   if (!args.empty() && args[0] == "server" && args.size() == 1) {
-    uint16_t port;
-    int lfd = listen_on(INADDR_ANY, &port);
+    uint16_t port = 0;
+    const int lfd = or_exit(listen_tcp("0.0.0.0", &port), "listen");
     std::printf("listening on 0.0.0.0:%u\n", port);
     std::fflush(stdout);
     return server(o, lfd, -1);
@@ -506,10 +434,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   // Both sides: the server in a child process.
-  uint16_t port;
-  int lfd = listen_on(INADDR_LOOPBACK, &port);
+  uint16_t port = 0;
+  const int lfd = or_exit(listen_tcp("127.0.0.1", &port), "listen");
   int ready[2];
-  if (pipe(ready)) die("pipe", errno);
+  if (pipe(ready)) exit_with("pipe", errno);
   const pid_t pid = fork();
   if (pid == 0) {
     close(ready[0]);

@@ -17,6 +17,7 @@ struct PeerInfo {
   uint64_t addr = 0;  // a buffer the peer may access, 0 when none
   uint32_t rkey = 0;
   uint32_t mtu = 0;   // bytes
+  uint64_t user = 0;  // one value of the program's own (the demo: its largest message size)
 };
 
 // The local half of PeerInfo for `qp` (a random PSN) and, optionally, `mr`.
@@ -43,5 +44,16 @@ struct ConnectOptions {
 // INIT -> RTR -> RTS towards `peer`; the path MTU is the smaller of both sides' and the device's.
 Result<void> connect_qp(const Context& ctx, QueuePair& qp, const PeerInfo& mine, const PeerInfo& peer,
                         const ConnectOptions& opt = {});
+
+// For example programs and tools: the value, or "<prog>: <what>: <error>" on stderr and exit(1).
+[[noreturn]] void exit_with(const char* what, int err);
+template <typename T>
+T or_exit(Result<T> r, const char* what) {
+  if (!r) exit_with(what, r.error());
+  return std::move(*r);
+}
+inline void or_exit(Result<void> r, const char* what) {
+  if (!r) exit_with(what, r.error());
+}
 
 }  // namespace softrdma

@@ -8,11 +8,18 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <algorithm>
 #include <random>
 
 namespace softrdma {
+
+void exit_with(const char* what, int err) {
+  std::fprintf(stderr, "%s: %s: %s\n", program_invocation_short_name, what, std::strerror(err));
+  std::exit(1);
+}
 
 PeerInfo local_info(const Context& ctx, const QueuePair& qp, const MemoryRegion* mr) {
   PeerInfo i;

@@ -275,6 +275,33 @@ TEST(Api, SrqLimitEvent) {
 namespace softrdma {
 namespace {
 
+// Connects two QPs of one context to each other.
+void connect_pair(const Context& ctx, QueuePair& a, QueuePair& b, const MemoryRegion* mr) {
+  PeerInfo ia = local_info(ctx, a, mr), ib = local_info(ctx, b, mr);
+  ASSERT_TRUE(connect_qp(ctx, a, ia, ib));
+  ASSERT_TRUE(connect_qp(ctx, b, ib, ia));
+}
+
+// One RDMA WRITE of `len` bytes from `src` to `dst` (both in `mr`); returns its completion.
+Wc write_and_wait(QueuePair& qp, CompletionQueue& cq, const MemoryRegion& src_mr, const void* src,
+                  uint32_t len, uint64_t dst, uint32_t rkey) {
+  Sge s{reinterpret_cast<uint64_t>(src), len, src_mr.lkey()};
+  SendWr wr;
+  wr.opcode = WrOpcode::kRdmaWrite;
+  wr.send_flags = kSendSignaled;
+  wr.sg_list = std::span(&s, 1);
+  wr.remote_addr = dst;
+  wr.rkey = rkey;
+  EXPECT_TRUE(qp.post_send(wr));
+  Wc wc;
+  wc.status = WcStatus::kGeneralErr;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < end)
+    if (cq.poll(std::span(&wc, 1)) == 1) return wc;
+  ADD_FAILURE() << "no completion";
+  return wc;
+}
+
 // RoCEv2 over IPv6: the context binds ::1 (GID index 2 of sr_lo).
 TEST(Api, Ipv6SendAndWrite) {
   OpenOptions o;
@@ -289,22 +316,10 @@ TEST(Api, Ipv6SendAndWrite) {
   QpInit init;
   init.send_cq = init.recv_cq = cq.get();
   auto a = *pd->create_qp(init), b = *pd->create_qp(init);
-  PeerInfo ia = local_info(**ctx, *a, mr.get()), ib = local_info(**ctx, *b, mr.get());
-  ASSERT_TRUE(connect_qp(**ctx, *a, ia, ib));
-  ASSERT_TRUE(connect_qp(**ctx, *b, ib, ia));
+  connect_pair(**ctx, *a, *b, mr.get());
   for (size_t i = 0; i < 300000; ++i) buf[i] = static_cast<uint8_t>(i * 7);
-  Sge s = mr->sge(0, 300000);
-  SendWr wr;
-  wr.opcode = WrOpcode::kRdmaWrite;
-  wr.send_flags = kSendSignaled;
-  wr.sg_list = std::span(&s, 1);
-  wr.remote_addr = reinterpret_cast<uint64_t>(buf.data()) + 500000;
-  wr.rkey = mr->rkey();
-  ASSERT_TRUE(a->post_send(wr));
-  Wc wc;
-  int n = 0;
-  for (int i = 0; i < 5'000'000 && n == 0; ++i) n = cq->poll(std::span(&wc, 1));
-  ASSERT_EQ(n, 1);
+  const Wc wc = write_and_wait(*a, *cq, *mr, buf.data(), 300000, reinterpret_cast<uint64_t>(buf.data()) + 500000,
+                               mr->rkey());
   EXPECT_EQ(wc.status, WcStatus::kSuccess);
   EXPECT_EQ(std::memcmp(buf.data(), buf.data() + 500000, 300000), 0);
 }
@@ -325,22 +340,9 @@ TEST(Api, TwoGibWrite) {
   QpInit init;
   init.send_cq = init.recv_cq = cq.get();
   auto a = *pd->create_qp(init), b = *pd->create_qp(init);
-  PeerInfo ia = local_info(*ctx, *a, ms.get()), ib = local_info(*ctx, *b, md.get());
-  ASSERT_TRUE(connect_qp(*ctx, *a, ia, ib));
-  ASSERT_TRUE(connect_qp(*ctx, *b, ib, ia));
-  Sge s = ms->sge(0, static_cast<uint32_t>(len));
-  SendWr wr;
-  wr.opcode = WrOpcode::kRdmaWrite;
-  wr.send_flags = kSendSignaled;
-  wr.sg_list = std::span(&s, 1);
-  wr.remote_addr = ib.addr;
-  wr.rkey = ib.rkey;
-  ASSERT_TRUE(a->post_send(wr));
-  Wc wc;
-  int n = 0;
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (n == 0 && std::chrono::steady_clock::now() < end) n = cq->poll(std::span(&wc, 1));
-  ASSERT_EQ(n, 1);
+  connect_pair(*ctx, *a, *b, nullptr);
+  const Wc wc = write_and_wait(*a, *cq, *ms, src.get(), static_cast<uint32_t>(len),
+                               reinterpret_cast<uint64_t>(dst.get()), md->rkey());
   EXPECT_EQ(wc.status, WcStatus::kSuccess);
   EXPECT_EQ(std::memcmp(src.get(), dst.get(), len), 0);
 }
@@ -370,22 +372,10 @@ TEST(Api, StandardPortOverUdp) {
   auto b = *pd->create_qp(init);
   EXPECT_EQ(a->core()->port(), 4791);
   EXPECT_EQ(b->core()->port(), 4791);
-  PeerInfo ia = local_info(**ctx, *a, mr.get()), ib = local_info(**ctx, *b, mr.get());
-  ASSERT_TRUE(connect_qp(**ctx, *a, ia, ib));
-  ASSERT_TRUE(connect_qp(**ctx, *b, ib, ia));
+  connect_pair(**ctx, *a, *b, mr.get());
   std::memcpy(buf.data(), "to port 4791", 12);
-  Sge s = mr->sge(0, 12);
-  SendWr wr;
-  wr.opcode = WrOpcode::kRdmaWrite;
-  wr.send_flags = kSendSignaled;
-  wr.sg_list = std::span(&s, 1);
-  wr.remote_addr = reinterpret_cast<uint64_t>(buf.data()) + 100;
-  wr.rkey = mr->rkey();
-  ASSERT_TRUE(a->post_send(wr));
-  Wc wc;
-  int n = 0;
-  for (int i = 0; i < 5'000'000 && n == 0; ++i) n = cq->poll(std::span(&wc, 1));
-  ASSERT_EQ(n, 1);
+  const Wc wc = write_and_wait(*a, *cq, *mr, buf.data(), 12, reinterpret_cast<uint64_t>(buf.data()) + 100,
+                               mr->rkey());
   EXPECT_EQ(wc.status, WcStatus::kSuccess);
   EXPECT_EQ(std::memcmp(buf.data() + 100, "to port 4791", 12), 0);
   // A second process-like context on the same address cannot have 4791 too.

@@ -80,6 +80,11 @@ void Transport::retire(Qp& qp) {
       return;
     }
   }
+  QpAttr& a = qp.attr_;
+  if (a.qp_state == QpState::kSqd && a.sq_draining && qp.comp_.wqe == qp.req_.wqe && qp.req_.offset == 0) {
+    a.sq_draining = false;  // the SQ is drained: nothing started is outstanding
+    if (a.en_sqd_async_notify) qp.ctx()->raise(kEventSqDrained, &qp);
+  }
 }
 
 // Go-back-N: the requester resends from the oldest unacknowledged PSN (IBTA.md 4c "Retransmission"). A

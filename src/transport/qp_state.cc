@@ -149,7 +149,9 @@ int Transport::modify(Qp& qp, const QpAttr& a, uint32_t mask) {
       }
       break;
     case QpState::kSqd:
-      if (cur.en_sqd_async_notify && qp.comp_.wqe == qp.sq_head_) qp.ctx()->raise(kEventSqDrained, &qp);
+      // Draining lasts until every WQE already started has completed (retire() ends it).
+      cur.sq_draining = qp.comp_.wqe != qp.req_.wqe || qp.req_.offset != 0;
+      if (!cur.sq_draining && cur.en_sqd_async_notify) qp.ctx()->raise(kEventSqDrained, &qp);
       break;
     default:
       break;

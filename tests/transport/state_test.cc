@@ -395,3 +395,34 @@ TEST(QpState, SqdFinishesWhatItStarted) {
 
 }  // namespace
 }  // namespace softrdma::test
+
+namespace softrdma::test {
+namespace {
+
+// RTS -> SQD with a WRITE still unacknowledged: sq_draining holds until it completes, and SQ_DRAINED fires
+// then, not before.
+TEST(QpState, SqDrainedFiresWhenOutstandingWorkCompletes) {
+  QpOptions o;
+  o.buf_size = 1 << 20;
+  o.max_wr = 8;
+  Harness h({}, o);
+  fill(h.a.buf, 0, 500000, 3);
+  ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 0, 500000, 1).remote(h.b, 0)), 0);  // not yet ACKed
+  core::QpAttr at;
+  at.qp_state = QpState::kSqd;
+  at.en_sqd_async_notify = true;
+  ASSERT_EQ(h.a.qp->modify(at, kQpState | kQpEnSqdAsyncNotify), 0);
+  EXPECT_TRUE(h.a.qp->attr().sq_draining);
+  EXPECT_FALSE(h.a.ctx->get_async_event()) << "drained before the WRITE completed";
+  std::vector<Wc> s;
+  ASSERT_TRUE(h.wait(h.a, h.a.scq, 1, &s));
+  EXPECT_EQ(s[0].status, WcStatus::kSuccess);
+  EXPECT_FALSE(h.a.qp->attr().sq_draining);
+  auto ev = h.a.ctx->get_async_event();
+  ASSERT_TRUE(ev.has_value());
+  EXPECT_EQ(ev->type, kEventSqDrained);
+  EXPECT_EQ(std::memcmp(h.a.buf.data(), h.b.buf.data(), 500000), 0);
+}
+
+}  // namespace
+}  // namespace softrdma::test

@@ -41,7 +41,11 @@ namespace softrdma {
   X(drop_uc_msg, "dropped: UC message lost a packet")                                   \
   X(drop_ud_no_wqe, "dropped: UD packet with no receive WQE")                           \
   X(drop_ud_too_long, "dropped: UD packet longer than the receive WQE")                 \
-  X(drop_injected, "dropped by fault injection")
+  X(drop_injected, "dropped by fault injection")                                        \
+  X(fault_corrupt, "fault injection: a bit flipped (then dropped by the ICRC check)")   \
+  X(fault_duplicate, "fault injection: delivered twice")                                \
+  X(fault_reorder, "fault injection: swapped with the next packet")                     \
+  X(fault_delay, "fault injection: held back for the set delay")
 
 enum class Counter : uint32_t {
 #define SOFTRDMA_X(name, desc) name,

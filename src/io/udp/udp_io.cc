@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 
@@ -123,6 +125,27 @@ std::expected<std::unique_ptr<UdpIo>, int> UdpIo::create(const wire::Gid& local_
   for (size_t i = 0; i < kMaxSockets; ++i) io->slots_[i].store(nullptr, std::memory_order_relaxed);
   io->epfd_ = epoll_create1(EPOLL_CLOEXEC);
   if (io->epfd_ < 0) return std::unexpected(errno);
+  if (const char* text = getenv(kFaultsEnv); text != nullptr && *text != '\0') {
+    auto cfg = parse_faults(text);
+    if (!cfg) {
+      std::fprintf(stderr, "softrdma: %s=\"%s\": %s; the device does not open (EINVAL)\n", kFaultsEnv, text,
+                   cfg.error().c_str());
+      return std::unexpected(EINVAL);
+    }
+    if (cfg->any()) {
+      static std::atomic<uint64_t> streams{0};
+      const uint64_t stream = streams.fetch_add(1, std::memory_order_relaxed);
+      auto f = RxFaults::create(*cfg, stream, io->counters_);
+      if (!f) return std::unexpected(f.error());
+      io->faults_ = std::move(*f);
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.ptr = nullptr;  // not a socket: rx_burst releases held packets
+      if (epoll_ctl(io->epfd_, EPOLL_CTL_ADD, io->faults_->timer_fd(), &ev) != 0) return std::unexpected(errno);
+      if (stream == 0)
+        std::fprintf(stderr, "softrdma: fault injection on receive (%s): %s\n", kFaultsEnv, cfg->to_string().c_str());
+    }
+  }
   return io;
 }
 
@@ -251,10 +274,6 @@ void UdpIo::tx_burst(std::span<TxPacket> pkts) {
     uint32_t m = 0;
     for (; i < pkts.size() && m < kTxChunk && pkts[i].src.port == s->port; ++i) {
       TxPacket& p = pkts[i];
-      if (fault_tx(p) == FaultVerdict::kDrop) {
-        counters_->add(Counter::drop_injected);
-        continue;
-      }
       const uint32_t pad = p.pad & 3u;
       if (p.hdr_len < wire::kBthLen || p.hdr_len > kMaxHdr || p.n_iov > kMaxPayloadIov ||
           p.dst.addr.is_v4() != v4_) {
@@ -346,28 +365,43 @@ void UdpIo::send_chunk(Socket& s, TxScratch& t, uint32_t n) {
 // ---- Receive ----
 
 uint32_t UdpIo::rx_burst(RxPacket* out, uint32_t max) {
-  const size_t n = nslots_.load(std::memory_order_acquire);
-  if (n == 0 || max == 0) return 0;
+  if (max == 0) return 0;
   uint32_t got = 0;
-  if (n <= kDirectRecvMaxSockets) {
+  uint64_t now = 0;
+  if (faults_) {  // held packets that are due go first
+    now = RxFaults::now_ns();
+    got = faults_->begin_burst(out, max, now);
+    if (got != 0) {
+      uint64_t bytes = 0;
+      for (uint32_t i = 0; i < got; ++i) bytes += out[i].len + wire::kIcrcLen;
+      counters_->add(Counter::rx_packets, got);
+      counters_->add(Counter::rx_bytes, bytes);
+    }
+  }
+  const size_t n = nslots_.load(std::memory_order_acquire);
+  if (n != 0 && n <= kDirectRecvMaxSockets) {
     for (size_t k = 0; k < n && got < max; ++k) {
       Socket* s = slots_[(rx_rr_ + k) % n].load(std::memory_order_acquire);
-      if (s != nullptr) got += recv_socket(*s, out + got, max - got);
+      if (s != nullptr) got += recv_socket(*s, out + got, max - got, now);
     }
     rx_rr_ = (rx_rr_ + 1) % n;
-    return got;
+  } else if (n != 0) {
+    // Many sockets: ask epoll which are readable (its ready list rotates, which spreads the work).
+    epoll_event ev[64];
+    const int k = epoll_wait(epfd_, ev, 64, 0);
+    for (int j = 0; j < k && got < max; ++j) {
+      if (ev[j].data.ptr == nullptr) continue;  // the fault injector's timer
+      got += recv_socket(*static_cast<Socket*>(ev[j].data.ptr), out + got, max - got, now);
+    }
   }
-  // Many sockets: ask epoll which are readable (its ready list rotates, which spreads the work).
-  epoll_event ev[64];
-  const int k = epoll_wait(epfd_, ev, 64, 0);
-  for (int j = 0; j < k && got < max; ++j) {
-    got += recv_socket(*static_cast<Socket*>(ev[j].data.ptr), out + got, max - got);
-  }
+  if (faults_) faults_->end_burst(now);
   return got;
 }
 
-uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room) {
-  const uint32_t vlen = std::min(room, kRxBatch);
+uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t now) {
+  // Under fault injection, half the room: duplicates and reordered packets go right behind the packet
+  // that released them.
+  const uint32_t vlen = std::min(faults_ ? std::max(1u, room / 2) : room, kRxBatch);
   for (uint32_t i = 0; i < vlen; ++i) {
     msghdr& h = s.msgs[i].msg_hdr;
     h.msg_namelen = sizeof(SockAddr);
@@ -428,6 +462,7 @@ uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room) {
     }
     uint8_t* data = static_cast<uint8_t*>(s.iov[i].iov_base);
     const uint32_t body = len - wire::kIcrcLen;
+    if (faults_) faults_->maybe_corrupt(data, len);
     if (wire::icrc_for_udp(p.src, p.dst, std::span<const uint8_t>(data, body)) !=
         wire::load_icrc(data + body)) {
       ++bad_icrc;
@@ -435,8 +470,16 @@ uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room) {
     }
     p.data = data;
     p.len = body;
-    if (fault_rx(p) == FaultVerdict::kDrop) {
-      counters_->add(Counter::drop_injected);
+    if (faults_) {
+      if (faults_->on_packet(p, now) != RxFaults::Verdict::kDeliver) continue;
+      bytes += len;
+      ++got;
+      // Packets released behind this one (reorder, duplicate) may use the room the rest of this batch
+      // does not need.
+      const uint32_t spare = room - got - static_cast<uint32_t>(r - i - 1);
+      const uint32_t extra = faults_->after_deliver(p, out + got, spare, now);
+      for (uint32_t k = 0; k < extra; ++k) bytes += out[got + k].len + wire::kIcrcLen;
+      got += extra;
       continue;
     }
     bytes += len;

@@ -18,6 +18,7 @@
 #include "core/counters.h"
 #include "io/backend.h"
 #include "io/packet.h"
+#include "io/udp/fault_injector.h"
 #include "wire/addr.h"
 
 namespace softrdma::io {
@@ -40,7 +41,8 @@ class UdpIo : public Backend {
   // With more sockets than this, rx_burst asks epoll which ones are readable instead of trying each.
   static constexpr size_t kDirectRecvMaxSockets = 2;
 
-  // `counters` may be null (then the object keeps its own block). `local_addr`: an IPv4-mapped GID binds
+  // `counters` may be null (then the object keeps its own block). SOFTRDMA_FAULTS (fault_injector.h) is
+  // read here: a malformed value fails with EINVAL after a message on stderr. `local_addr`: an IPv4-mapped GID binds
   // AF_INET sockets, anything else AF_INET6 (link-local addresses get the interface's scope id).
   static std::expected<std::unique_ptr<UdpIo>, int /*errno*/> create(const wire::Gid& local_addr,
                                                                      Counters* counters);
@@ -61,8 +63,9 @@ class UdpIo : public Backend {
   // kTxStallPollMs per stall. Packets that cannot be sent are dropped and counted (tx_dropped()).
   void tx_burst(std::span<TxPacket> pkts) override;
 
-  // Receives up to `max` verified packets without blocking. out[i].data points into this object's
-  // buffers and stays valid until the next rx_burst call. One caller at a time.
+  // Receives up to `max` verified packets without blocking (under fault injection, held packets that are
+  // due come first). out[i].data points into this object's buffers and stays valid until the next
+  // rx_burst call. One caller at a time.
   uint32_t rx_burst(RxPacket* out, uint32_t max) override;
 
   const wire::Gid& local_addr() const override { return local_addr_; }
@@ -78,16 +81,11 @@ class UdpIo : public Backend {
   UdpIo(const wire::Gid& local_addr, uint32_t scope_id, Counters* counters);
   Socket* find_socket(uint16_t port) const;
   static TxScratch& scratch();
-  uint32_t recv_socket(Socket& s, RxPacket* out, uint32_t room);
+  uint32_t recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t now);
   void send_chunk(Socket& s, TxScratch& t, uint32_t n);
 
-  // ---- Fault injection hook (ARCHITECTURE.md "Reliability"): NOT IMPLEMENTED YET. ----
-  // tx_burst calls fault_tx() for each packet before framing it and rx_burst calls fault_rx() for each
-  // packet that passed the ICRC check. A fault injector (drop, duplicate, reorder, corrupt; configured by a
-  // setting; drops counted as Counter::drop_injected) replaces these no-ops.
-  enum class FaultVerdict { kPass, kDrop };
-  FaultVerdict fault_tx(const TxPacket&) { return FaultVerdict::kPass; }
-  FaultVerdict fault_rx(const RxPacket&) { return FaultVerdict::kPass; }
+  // Fault injection (io/udp/fault_injector.h): on receive, configured by SOFTRDMA_FAULTS; null when off.
+  std::unique_ptr<RxFaults> faults_;
 
   const wire::Gid local_addr_;
   const bool v4_;

@@ -1,0 +1,282 @@
+// The C API of the drop-in libibverbs.so.1, called as an rdma-core program calls it (rdma-core's own
+// header, linked against build/lib/libibverbs.so.1): misuse gets rdma-core's errno, the extended shapes
+// (verbs_context, ibv_qp_ex, ibv_cq_ex) are there, and a QP connected to itself moves data.
+#include <infiniband/verbs.h>
+
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+class Verbs : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int n = 0;
+    ibv_device** list = ibv_get_device_list(&n);
+    ASSERT_NE(list, nullptr);
+    for (int i = 0; i < n; ++i)
+      if (std::strcmp(ibv_get_device_name(list[i]), "sr_lo") == 0) ctx_ = ibv_open_device(list[i]);
+    ibv_free_device_list(list);
+    ASSERT_NE(ctx_, nullptr) << "no sr_lo";
+    pd_ = ibv_alloc_pd(ctx_);
+    ASSERT_NE(pd_, nullptr);
+    cq_ = ibv_create_cq(ctx_, 64, nullptr, nullptr, 0);
+    ASSERT_NE(cq_, nullptr);
+    buf_.resize(4096);
+    mr_ = ibv_reg_mr(pd_, buf_.data(), buf_.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    ASSERT_NE(mr_, nullptr);
+  }
+  void TearDown() override {
+    if (qp_) {
+      EXPECT_EQ(ibv_destroy_qp(qp_), 0);
+    }
+    if (mr_) {
+      EXPECT_EQ(ibv_dereg_mr(mr_), 0);
+    }
+    if (cq_) {
+      EXPECT_EQ(ibv_destroy_cq(cq_), 0);
+    }
+    if (pd_) {
+      EXPECT_EQ(ibv_dealloc_pd(pd_), 0);
+    }
+    if (ctx_) {
+      EXPECT_EQ(ibv_close_device(ctx_), 0);
+    }
+  }
+
+  ibv_qp* create_rc(uint32_t max_inline = 64) {
+    ibv_qp_init_attr a{};
+    a.send_cq = cq_;
+    a.recv_cq = cq_;
+    a.qp_type = IBV_QPT_RC;
+    a.cap = {16, 16, 1, 1, max_inline};
+    return ibv_create_qp(pd_, &a);
+  }
+
+  int to_init(ibv_qp* qp) {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.pkey_index = 0;
+    a.port_num = 1;
+    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+    return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+  }
+
+  // INIT -> RTR -> RTS, connected to itself through its own GID.
+  void to_rts_self(ibv_qp* qp) {
+    ASSERT_EQ(to_init(qp), 0);
+    ibv_gid gid;
+    ASSERT_EQ(ibv_query_gid(ctx_, 1, 1, &gid), 0);
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = IBV_MTU_1024;
+    a.dest_qp_num = qp->qp_num;
+    a.rq_psn = 7;
+    a.max_dest_rd_atomic = 1;
+    a.min_rnr_timer = 12;
+    a.ah_attr.is_global = 1;
+    a.ah_attr.grh.dgid = gid;
+    a.ah_attr.grh.sgid_index = 1;
+    a.ah_attr.grh.hop_limit = 1;
+    a.ah_attr.port_num = 1;
+    ASSERT_EQ(ibv_modify_qp(qp, &a,
+                            IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER),
+              0);
+    a = {};
+    a.qp_state = IBV_QPS_RTS;
+    a.timeout = 14;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.sq_psn = 7;
+    a.max_rd_atomic = 1;
+    ASSERT_EQ(ibv_modify_qp(qp, &a,
+                            IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                                IBV_QP_MAX_QP_RD_ATOMIC),
+              0);
+    EXPECT_EQ(qp->state, IBV_QPS_RTS);
+  }
+
+  int post_send(ibv_qp* qp, uint32_t len, unsigned flags, ibv_send_wr** bad) {
+    ibv_sge sge{reinterpret_cast<uintptr_t>(buf_.data()), len, mr_->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = 42;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = flags;
+    return ibv_post_send(qp, &wr, bad);
+  }
+
+  ibv_context* ctx_ = nullptr;
+  ibv_pd* pd_ = nullptr;
+  ibv_cq* cq_ = nullptr;
+  ibv_mr* mr_ = nullptr;
+  ibv_qp* qp_ = nullptr;
+  std::vector<char> buf_;
+};
+
+TEST_F(Verbs, PostSendOnResetOrInitQpIsEinval) {
+  qp_ = create_rc();
+  ASSERT_NE(qp_, nullptr);
+  ibv_send_wr* bad = nullptr;
+  EXPECT_EQ(post_send(qp_, 8, IBV_SEND_SIGNALED, &bad), EINVAL);
+  EXPECT_NE(bad, nullptr);
+  ASSERT_EQ(to_init(qp_), 0);
+  bad = nullptr;
+  EXPECT_EQ(post_send(qp_, 8, IBV_SEND_SIGNALED, &bad), EINVAL);
+  EXPECT_NE(bad, nullptr);
+}
+
+TEST_F(Verbs, RegMrRemoteWriteWithoutLocalWriteIsEinval) {
+  errno = 0;
+  EXPECT_EQ(ibv_reg_mr(pd_, buf_.data(), buf_.size(), IBV_ACCESS_REMOTE_WRITE), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(ibv_reg_mr(pd_, buf_.data(), buf_.size(), IBV_ACCESS_REMOTE_ATOMIC), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+}
+
+TEST_F(Verbs, RegMrStripsOptionalAccessFlags) {
+  unsigned access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_RELAXED_ORDERING;  // not constant: ibv_reg_mr_iova2
+  ibv_mr* mr = ibv_reg_mr(pd_, buf_.data(), 64, access);
+  ASSERT_NE(mr, nullptr);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+}
+
+TEST_F(Verbs, ModifyQpMissingRequiredAttributeIsEinval) {
+  qp_ = create_rc();
+  ASSERT_NE(qp_, nullptr);
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  EXPECT_EQ(ibv_modify_qp(qp_, &a, IBV_QP_STATE | IBV_QP_PORT), EINVAL);  // no pkey index, no access flags
+  EXPECT_EQ(qp_->state, IBV_QPS_RESET);
+  ASSERT_EQ(to_init(qp_), 0);
+  a = {};
+  a.qp_state = IBV_QPS_RTR;
+  EXPECT_EQ(ibv_modify_qp(qp_, &a, IBV_QP_STATE), EINVAL);  // RTR needs the path, dest QPN, PSN, ...
+  ibv_qp_attr q{};
+  ibv_qp_init_attr init{};
+  ASSERT_EQ(ibv_query_qp(qp_, &q, IBV_QP_STATE, &init), 0);
+  EXPECT_EQ(q.qp_state, IBV_QPS_INIT);
+}
+
+TEST_F(Verbs, TooLargeInlineIsEinval) {
+  errno = 0;
+  EXPECT_EQ(create_rc(100000), nullptr);  // beyond the device's maximum: libfabric binary-searches on this
+  EXPECT_EQ(errno, EINVAL);
+  qp_ = create_rc(64);
+  ASSERT_NE(qp_, nullptr);
+  ibv_qp_attr q{};
+  ibv_qp_init_attr init{};
+  ASSERT_EQ(ibv_query_qp(qp_, &q, IBV_QP_CAP, &init), 0);
+  EXPECT_GE(q.cap.max_inline_data, 64u);
+  to_rts_self(qp_);
+  ibv_send_wr* bad = nullptr;
+  EXPECT_EQ(post_send(qp_, q.cap.max_inline_data + 1, IBV_SEND_INLINE | IBV_SEND_SIGNALED, &bad), EINVAL);
+  EXPECT_NE(bad, nullptr);
+}
+
+TEST_F(Verbs, SelfConnectedRcSendAndRecv) {
+  qp_ = create_rc();
+  ASSERT_NE(qp_, nullptr);
+  ibv_sge rsge{reinterpret_cast<uintptr_t>(buf_.data() + 2048), 1024, mr_->lkey};
+  ibv_recv_wr rwr{};
+  rwr.wr_id = 7;
+  rwr.sg_list = &rsge;
+  rwr.num_sge = 1;
+  ibv_recv_wr* rbad = nullptr;
+  ASSERT_EQ(to_init(qp_), 0);
+  ASSERT_EQ(ibv_post_recv(qp_, &rwr, &rbad), 0);
+  to_rts_self(qp_);
+  std::memcpy(buf_.data(), "hello, verbs", 13);
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(post_send(qp_, 13, IBV_SEND_SIGNALED, &bad), 0);
+  int got = 0, sends = 0, recvs = 0;
+  for (int spins = 0; got < 2 && spins < 50000000; ++spins) {
+    ibv_wc wc[2];
+    const int n = ibv_poll_cq(cq_, 2, wc);
+    ASSERT_GE(n, 0);
+    for (int i = 0; i < n; ++i) {
+      EXPECT_EQ(wc[i].status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc[i].status);
+      if (wc[i].opcode == IBV_WC_SEND) {
+        ++sends;
+        EXPECT_EQ(wc[i].wr_id, 42u);
+      }
+      if (wc[i].opcode == IBV_WC_RECV) {
+        ++recvs;
+        EXPECT_EQ(wc[i].byte_len, 13u);
+      }
+    }
+    got += n;
+  }
+  EXPECT_EQ(sends, 1);
+  EXPECT_EQ(recvs, 1);
+  EXPECT_STREQ(buf_.data() + 2048, "hello, verbs");
+}
+
+TEST_F(Verbs, ExtendedShapes) {
+  // verbs_context: ibv_query_device_ex goes through the extended op.
+  ibv_device_attr_ex ex{};
+  ASSERT_EQ(ibv_query_device_ex(ctx_, nullptr, &ex), 0);
+  EXPECT_EQ(ex.orig_attr.phys_port_cnt, 1);
+  EXPECT_EQ(ex.orig_attr.vendor_id, 0xFFFFFFu);
+  // query_port honours the length it is given.
+  verbs_context* v = verbs_get_ctx(ctx_);
+  ASSERT_NE(v, nullptr);
+  ASSERT_NE(v->query_port, nullptr);
+  unsigned char raw[sizeof(ibv_port_attr) + 16];
+  std::memset(raw, 0xAB, sizeof raw);
+  ASSERT_EQ(v->query_port(ctx_, 1, reinterpret_cast<ibv_port_attr*>(raw), 20), 0);
+  for (size_t i = 20; i < sizeof raw; ++i) ASSERT_EQ(raw[i], 0xAB) << i;
+  ibv_port_attr port;
+  ASSERT_EQ(ibv_query_port(ctx_, 1, &port), 0);
+  EXPECT_EQ(port.state, IBV_PORT_ACTIVE);
+  EXPECT_EQ(port.link_layer, IBV_LINK_LAYER_ETHERNET);
+  EXPECT_EQ(port.pkey_tbl_len, 1);
+  // GIDs: index 1 is the IPv4-mapped RoCE v2 GID; past the table is EINVAL.
+  ibv_gid_entry e;
+  ASSERT_EQ(ibv_query_gid_ex(ctx_, 1, 1, &e, 0), 0);
+  EXPECT_EQ(e.gid_type, IBV_GID_TYPE_ROCE_V2);
+  EXPECT_EQ(e.gid.raw[10], 0xFF);
+  EXPECT_EQ(e.gid.raw[15], 1);
+  EXPECT_EQ(ibv_query_gid_ex(ctx_, 1, static_cast<uint32_t>(port.gid_tbl_len), &e, 0), EINVAL);
+  __be16 pkey;
+  ASSERT_EQ(ibv_query_pkey(ctx_, 1, 0, &pkey), 0);
+  EXPECT_EQ(pkey, 0xFFFF);
+  // Every QP is an ibv_qp_ex.
+  qp_ = create_rc();
+  ASSERT_NE(qp_, nullptr);
+  ibv_qp_ex* qpx = ibv_qp_to_qp_ex(qp_);
+  ASSERT_NE(qpx, nullptr);
+  EXPECT_NE(qpx->wr_send, nullptr);
+  EXPECT_NE(qpx->wr_complete, nullptr);
+  // create_cq_ex polls with start_poll/next_poll: ENOENT when empty.
+  ibv_cq_init_attr_ex ca{};
+  ca.cqe = 16;
+  ca.wc_flags = IBV_WC_EX_WITH_BYTE_LEN;
+  ibv_cq_ex* cqx = ibv_create_cq_ex(ctx_, &ca);
+  ASSERT_NE(cqx, nullptr);
+  ibv_poll_cq_attr pa{};
+  EXPECT_EQ(ibv_start_poll(cqx, &pa), ENOENT);
+  EXPECT_EQ(ibv_destroy_cq(ibv_cq_ex_to_cq(cqx)), 0);
+}
+
+TEST_F(Verbs, UnsupportedVerbsFailCleanly) {
+  errno = 0;
+  EXPECT_EQ(ibv_alloc_mw(pd_, IBV_MW_TYPE_1), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  ibv_xrcd_init_attr xa{};
+  errno = 0;
+  EXPECT_EQ(ibv_open_xrcd(ctx_, &xa), nullptr);
+  EXPECT_NE(errno, 0);
+  EXPECT_EQ(ibv_resize_cq(cq_, 128), EOPNOTSUPP);
+  EXPECT_STREQ(ibv_wc_status_str(IBV_WC_RETRY_EXC_ERR), "transport retry counter exceeded");
+  EXPECT_EQ(ibv_rate_to_mbps(IBV_RATE_100_GBPS), 103125);
+}
+
+}  // namespace

@@ -1,9 +1,8 @@
 // The C API of the drop-in libibverbs.so.1, called as an rdma-core program calls it (rdma-core's own
 // header, linked against build/lib/libibverbs.so.1): misuse gets rdma-core's errno, the extended shapes
 // (verbs_context, ibv_qp_ex, ibv_cq_ex) are there, and a QP connected to itself moves data.
-#include <infiniband/verbs.h>
-
 #include <gtest/gtest.h>
+#include <infiniband/verbs.h>
 
 #include <cerrno>
 #include <cstring>
@@ -94,8 +93,8 @@ class Verbs : public ::testing::Test {
     a.sq_psn = 7;
     a.max_rd_atomic = 1;
     ASSERT_EQ(ibv_modify_qp(qp, &a,
-                            IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                                IBV_QP_MAX_QP_RD_ATOMIC),
+                            IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC),
               0);
     EXPECT_EQ(qp->state, IBV_QPS_RTS);
   }

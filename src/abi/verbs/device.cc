@@ -64,8 +64,8 @@ void fill_port_attr(const io::DeviceInfo& info, ibv_port_attr* a) {
   a->max_msg_sz = static_cast<uint32_t>(core::kMaxMsgSize);
   a->pkey_tbl_len = 1;
   a->max_vl_num = 1;
-  a->active_width = 1;  // 1X (rdma-core's IBV_WIDTH_1X, not in the public header)
-  a->active_speed = 32;  // EDR, 25 Gb/s per lane
+  a->active_width = 1;                  // 1X (rdma-core's IBV_WIDTH_1X, not in the public header)
+  a->active_speed = 32;                 // EDR, 25 Gb/s per lane
   a->phys_state = info.active ? 5 : 3;  // LinkUp : Disabled
   a->link_layer = IBV_LINK_LAYER_ETHERNET;
 }

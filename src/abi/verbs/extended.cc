@@ -103,7 +103,9 @@ void wr_atomic_fetch_add(ibv_qp_ex* qpx, uint32_t rkey, uint64_t addr, uint64_t 
 }
 
 // Not supported by the core: the WR fails wr_complete.
-void wr_bind_mw(ibv_qp_ex* qpx, ibv_mw*, uint32_t, const ibv_mw_bind_info*) { to_qp(qpx)->wr_err = EOPNOTSUPP; }
+void wr_bind_mw(ibv_qp_ex* qpx, ibv_mw*, uint32_t, const ibv_mw_bind_info*) {
+  to_qp(qpx)->wr_err = EOPNOTSUPP;
+}
 void wr_local_inv(ibv_qp_ex* qpx, uint32_t) { to_qp(qpx)->wr_err = EOPNOTSUPP; }
 void wr_send_tso(ibv_qp_ex* qpx, void*, uint16_t, uint16_t) { to_qp(qpx)->wr_err = EOPNOTSUPP; }
 void wr_set_xrc_srqn(ibv_qp_ex* qpx, uint32_t) { to_qp(qpx)->wr_err = EOPNOTSUPP; }

@@ -28,7 +28,8 @@ void to_core_attr(const ibv_qp_attr& a, int mask, core::QpAttr* o) {
   o->sq_psn = a.sq_psn;
   o->dest_qp_num = a.dest_qp_num;
   o->qp_access_flags = static_cast<uint32_t>(a.qp_access_flags);
-  o->cap = {a.cap.max_send_wr, a.cap.max_recv_wr, a.cap.max_send_sge, a.cap.max_recv_sge, a.cap.max_inline_data};
+  o->cap = {a.cap.max_send_wr, a.cap.max_recv_wr, a.cap.max_send_sge, a.cap.max_recv_sge,
+            a.cap.max_inline_data};
   if (mask & IBV_QP_AV) to_core_ah(a.ah_attr, &o->ah_attr);
   o->pkey_index = a.pkey_index;
   o->en_sqd_async_notify = a.en_sqd_async_notify;
@@ -52,7 +53,8 @@ void from_core_attr(const core::QpAttr& a, ibv_qp_attr* o) {
   o->sq_psn = a.sq_psn;
   o->dest_qp_num = a.dest_qp_num;
   o->qp_access_flags = static_cast<int>(a.qp_access_flags);
-  o->cap = {a.cap.max_send_wr, a.cap.max_recv_wr, a.cap.max_send_sge, a.cap.max_recv_sge, a.cap.max_inline_data};
+  o->cap = {a.cap.max_send_wr, a.cap.max_recv_wr, a.cap.max_send_sge, a.cap.max_recv_sge,
+            a.cap.max_inline_data};
   from_core_ah(a.ah_attr, &o->ah_attr);
   o->pkey_index = a.pkey_index;
   o->en_sqd_async_notify = a.en_sqd_async_notify;
@@ -195,7 +197,9 @@ int op_poll_cq(ibv_cq* ibcq, int num_entries, ibv_wc* wc) {
   return total;
 }
 
-int op_req_notify_cq(ibv_cq* cq, int solicited_only) { return to_cq(cq)->core->req_notify(solicited_only != 0); }
+int op_req_notify_cq(ibv_cq* cq, int solicited_only) {
+  return to_cq(cq)->core->req_notify(solicited_only != 0);
+}
 
 // What softrdma does not do, as rdma-core's dummy ops answer.
 ibv_mw* op_alloc_mw(ibv_pd*, ibv_mw_type) { return fail<ibv_mw>(EOPNOTSUPP); }
@@ -203,11 +207,12 @@ int op_bind_mw(ibv_qp*, ibv_mw*, ibv_mw_bind*) { return EOPNOTSUPP; }
 int op_dealloc_mw(ibv_mw*) { return EOPNOTSUPP; }
 
 ibv_qp* op_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
-  constexpr uint32_t kSupported = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS |
-                                  IBV_QP_INIT_ATTR_CREATE_FLAGS;
+  constexpr uint32_t kSupported =
+      IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
   if (attr->comp_mask & ~kSupported) return fail<ibv_qp>(EOPNOTSUPP);
   if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd) return fail<ibv_qp>(EINVAL);
-  if ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr->create_flags) return fail<ibv_qp>(EOPNOTSUPP);
+  if ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr->create_flags)
+    return fail<ibv_qp>(EOPNOTSUPP);
   ibv_qp* qp = create_qp_common(to_ctx(context), to_pd(attr->pd), *attr);
   return qp;
 }
@@ -310,10 +315,10 @@ ibv_qp* create_qp_common(Context* ctx, Pd* pd, const ibv_qp_init_attr_ex& attr) 
 
 namespace core = softrdma::core;
 using namespace softrdma::abi;
-using softrdma::abi::Context;
 using softrdma::kEventCqErr, softrdma::kEventSrqErr, softrdma::kEventSrqLimitReached, softrdma::kEventQpFatal,
     softrdma::kEventQpReqErr, softrdma::kEventQpAccessErr, softrdma::kEventCommEst, softrdma::kEventSqDrained,
     softrdma::kEventPathMig, softrdma::kEventPathMigErr, softrdma::kEventQpLastWqeReached;
+using softrdma::abi::Context;
 
 // ---- PD ----
 
@@ -469,8 +474,9 @@ void ibv_ack_cq_events(ibv_cq* cq, unsigned int nevents) {
 // ---- SRQ ----
 
 ibv_srq* ibv_create_srq(ibv_pd* ibpd, ibv_srq_init_attr* attr) {
-  auto core = to_ctx(ibpd->context)->core->create_srq(to_pd(ibpd)->core, attr->attr.max_wr, attr->attr.max_sge,
-                                                      attr->attr.srq_limit);
+  auto core =
+      to_ctx(ibpd->context)
+          ->core->create_srq(to_pd(ibpd)->core, attr->attr.max_wr, attr->attr.max_sge, attr->attr.srq_limit);
   if (!core) return fail<ibv_srq>(core.error());
   auto* srq = new Srq{};
   srq->core = *core;
@@ -620,7 +626,8 @@ int ibv_get_async_event(ibv_context* context, ibv_async_event* event) {
       event->event_type = static_cast<ibv_event_type>(e->type);
       switch (e->type) {
         case kEventCqErr:
-          event->element.cq = ibv_cq_ex_to_cq(&static_cast<Cq*>(static_cast<core::Cq*>(e->object)->user_context)->cqx);
+          event->element.cq =
+              ibv_cq_ex_to_cq(&static_cast<Cq*>(static_cast<core::Cq*>(e->object)->user_context)->cqx);
           break;
         case kEventSrqErr:
         case kEventSrqLimitReached:

@@ -10,8 +10,10 @@ using namespace softrdma::abi;
 // ---- strings ----
 
 const char* ibv_node_type_str(ibv_node_type node_type) {
-  static const char* const kNames[] = {"unknown", "InfiniBand channel adapter", "InfiniBand switch",
-                                       "InfiniBand router", "iWARP NIC", "usNIC", "usNIC UDP", "unspecified"};
+  static const char* const kNames[] = {"unknown",           "InfiniBand channel adapter",
+                                       "InfiniBand switch", "InfiniBand router",
+                                       "iWARP NIC",         "usNIC",
+                                       "usNIC UDP",         "unspecified"};
   if (node_type < IBV_NODE_CA || node_type > IBV_NODE_UNSPECIFIED) return "unknown";
   return kNames[node_type];
 }
@@ -24,25 +26,55 @@ const char* ibv_port_state_str(ibv_port_state port_state) {
 }
 
 const char* ibv_event_type_str(ibv_event_type event) {
-  static const char* const kNames[] = {
-      "CQ error", "local work queue catastrophic error", "invalid request local work queue error",
-      "local access violation work queue error", "communication established", "send queue drained",
-      "path migrated", "path migration request error", "local catastrophic error", "port active",
-      "port error", "LID change", "P_Key change", "SM change", "SRQ catastrophic error", "SRQ limit reached",
-      "last WQE reached", "client reregistration", "GID table change", "WQ fatal"};
+  static const char* const kNames[] = {"CQ error",
+                                       "local work queue catastrophic error",
+                                       "invalid request local work queue error",
+                                       "local access violation work queue error",
+                                       "communication established",
+                                       "send queue drained",
+                                       "path migrated",
+                                       "path migration request error",
+                                       "local catastrophic error",
+                                       "port active",
+                                       "port error",
+                                       "LID change",
+                                       "P_Key change",
+                                       "SM change",
+                                       "SRQ catastrophic error",
+                                       "SRQ limit reached",
+                                       "last WQE reached",
+                                       "client reregistration",
+                                       "GID table change",
+                                       "WQ fatal"};
   if (event < IBV_EVENT_CQ_ERR || event > IBV_EVENT_WQ_FATAL) return "unknown";
   return kNames[event];
 }
 
 const char* ibv_wc_status_str(ibv_wc_status status) {
-  static const char* const kNames[] = {
-      "success", "local length error", "local QP operation error", "local EE context operation error",
-      "local protection error", "Work Request Flushed Error", "memory management operation error",
-      "bad response error", "local access error", "remote invalid request error", "remote access error",
-      "remote operation error", "transport retry counter exceeded", "RNR retry counter exceeded",
-      "local RDD violation error", "remote invalid RD request", "aborted error", "invalid EE context number",
-      "invalid EE context state", "fatal error", "response timeout error", "general error", "TM error",
-      "TM rendezvous error"};
+  static const char* const kNames[] = {"success",
+                                       "local length error",
+                                       "local QP operation error",
+                                       "local EE context operation error",
+                                       "local protection error",
+                                       "Work Request Flushed Error",
+                                       "memory management operation error",
+                                       "bad response error",
+                                       "local access error",
+                                       "remote invalid request error",
+                                       "remote access error",
+                                       "remote operation error",
+                                       "transport retry counter exceeded",
+                                       "RNR retry counter exceeded",
+                                       "local RDD violation error",
+                                       "remote invalid RD request",
+                                       "aborted error",
+                                       "invalid EE context number",
+                                       "invalid EE context state",
+                                       "fatal error",
+                                       "response timeout error",
+                                       "general error",
+                                       "TM error",
+                                       "TM rendezvous error"};
   if (status < IBV_WC_SUCCESS || status > IBV_WC_TM_RNDV_INCOMPLETE) return "unknown";
   return kNames[status];
 }
@@ -56,14 +88,14 @@ struct RateRow {
   int mbps;
 };
 constexpr RateRow kRates[] = {
-    {IBV_RATE_2_5_GBPS, 1, 2500},     {IBV_RATE_5_GBPS, 2, 5000},       {IBV_RATE_10_GBPS, 4, 10000},
-    {IBV_RATE_20_GBPS, 8, 20000},     {IBV_RATE_30_GBPS, 12, 30000},    {IBV_RATE_40_GBPS, 16, 40000},
-    {IBV_RATE_60_GBPS, 24, 60000},    {IBV_RATE_80_GBPS, 32, 80000},    {IBV_RATE_120_GBPS, 48, 120000},
-    {IBV_RATE_14_GBPS, 0, 14062},     {IBV_RATE_56_GBPS, 0, 56250},     {IBV_RATE_112_GBPS, 0, 112500},
-    {IBV_RATE_168_GBPS, 0, 168750},   {IBV_RATE_25_GBPS, 0, 25781},     {IBV_RATE_100_GBPS, 0, 103125},
-    {IBV_RATE_200_GBPS, 0, 206250},   {IBV_RATE_300_GBPS, 0, 309375},   {IBV_RATE_28_GBPS, 0, 28125},
-    {IBV_RATE_50_GBPS, 0, 53125},     {IBV_RATE_400_GBPS, 0, 425000},   {IBV_RATE_600_GBPS, 0, 637500},
-    {IBV_RATE_800_GBPS, 0, 850000},   {IBV_RATE_1200_GBPS, 0, 1275000},
+    {IBV_RATE_2_5_GBPS, 1, 2500},   {IBV_RATE_5_GBPS, 2, 5000},       {IBV_RATE_10_GBPS, 4, 10000},
+    {IBV_RATE_20_GBPS, 8, 20000},   {IBV_RATE_30_GBPS, 12, 30000},    {IBV_RATE_40_GBPS, 16, 40000},
+    {IBV_RATE_60_GBPS, 24, 60000},  {IBV_RATE_80_GBPS, 32, 80000},    {IBV_RATE_120_GBPS, 48, 120000},
+    {IBV_RATE_14_GBPS, 0, 14062},   {IBV_RATE_56_GBPS, 0, 56250},     {IBV_RATE_112_GBPS, 0, 112500},
+    {IBV_RATE_168_GBPS, 0, 168750}, {IBV_RATE_25_GBPS, 0, 25781},     {IBV_RATE_100_GBPS, 0, 103125},
+    {IBV_RATE_200_GBPS, 0, 206250}, {IBV_RATE_300_GBPS, 0, 309375},   {IBV_RATE_28_GBPS, 0, 28125},
+    {IBV_RATE_50_GBPS, 0, 53125},   {IBV_RATE_400_GBPS, 0, 425000},   {IBV_RATE_600_GBPS, 0, 637500},
+    {IBV_RATE_800_GBPS, 0, 850000}, {IBV_RATE_1200_GBPS, 0, 1275000},
 };
 }  // namespace
 
@@ -211,9 +243,9 @@ SR_CMD_STUB(ibv_cmd_resize_cq)
 // ---- IBVERBS_1.0 compat versions (rdma-core's compat-1_0.c, for binaries linked before 2006) and
 // ibv_register_driver@IBVERBS_1.1: they used other struct layouts, so they fail cleanly. ----
 
-#define SR_COMPAT(ret, name, version, body)                                     \
-  extern "C" __attribute__((visibility("default"))) ret sr_compat_##name() body \
-  __asm__(".symver sr_compat_" #name "," #name "@" version);
+#define SR_COMPAT(ret, name, version, body)                                \
+  extern "C" __attribute__((visibility("default"))) ret sr_compat_##name() \
+      body __asm__(".symver sr_compat_" #name "," #name "@" version);
 #define SR_COMPAT_NULL(name) SR_COMPAT(void*, name, "IBVERBS_1.0", { return fail<void>(EOPNOTSUPP); })
 #define SR_COMPAT_INT(name) SR_COMPAT(int, name, "IBVERBS_1.0", { return EOPNOTSUPP; })
 #define SR_COMPAT_VOID(name) SR_COMPAT(void, name, "IBVERBS_1.0", {})

@@ -279,3 +279,51 @@ TEST_F(Verbs, UnsupportedVerbsFailCleanly) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(VerbsDevices, ListIsStableAndNamesAreSoftrdmas) {
+  int n1 = 0, n2 = 0;
+  ibv_device** a = ibv_get_device_list(&n1);
+  ibv_device** b = ibv_get_device_list(&n2);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  ASSERT_EQ(n1, n2);
+  ASSERT_GE(n1, 1);  // sr_lo at least
+  for (int i = 0; i < n1; ++i) {
+    EXPECT_EQ(a[i], b[i]) << "device pointers must stay the same across calls";
+    EXPECT_EQ(std::strncmp(ibv_get_device_name(a[i]), "sr_", 3), 0);
+    EXPECT_EQ(a[i]->node_type, IBV_NODE_CA);
+    EXPECT_EQ(a[i]->transport_type, IBV_TRANSPORT_IB);
+    EXPECT_NE(ibv_get_device_guid(a[i]), 0u);
+  }
+  EXPECT_EQ(a[n1], nullptr);
+  ibv_free_device_list(a);
+  ibv_free_device_list(b);
+}
+
+// perftest's GID auto-selection: ibv_query_gid succeeds for every index below gid_tbl_len.
+TEST(VerbsDevices, EveryGidBelowTableLengthQueries) {
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  ASSERT_NE(list, nullptr);
+  for (int i = 0; i < n; ++i) {
+    ibv_context* ctx = ibv_open_device(list[i]);
+    ASSERT_NE(ctx, nullptr) << ibv_get_device_name(list[i]);
+    ibv_port_attr port;
+    ASSERT_EQ(ibv_query_port(ctx, 1, &port), 0);
+    EXPECT_GE(port.gid_tbl_len, 1);
+    for (int g = 0; g < port.gid_tbl_len; ++g) {
+      ibv_gid gid;
+      EXPECT_EQ(ibv_query_gid(ctx, 1, g, &gid), 0) << g;
+    }
+    ibv_gid gid;
+    EXPECT_EQ(ibv_query_gid(ctx, 1, port.gid_tbl_len, &gid), -1);
+    ibv_port_attr bad;
+    EXPECT_EQ(ibv_query_port(ctx, 2, &bad), EINVAL);
+    EXPECT_EQ(ibv_close_device(ctx), 0);
+  }
+  ibv_free_device_list(list);
+}
+
+}  // namespace

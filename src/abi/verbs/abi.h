@@ -34,10 +34,10 @@
 namespace softrdma::abi {
 
 struct Device {
-  ibv_device dev;        // what ibv_get_device_list hands out (stable for the process's lifetime)
-  const void* ops;       // verbs_device::ops at +664: never a real provider's, so mlx5dv/efadv decline
-  io::DeviceInfo* info;  // refreshed by each ibv_get_device_list
-  int index;
+  ibv_device dev;              // what ibv_get_device_list hands out (stable for the process's lifetime)
+  const void* ops;             // verbs_device::ops at +664: never a real provider's, so mlx5dv/efadv decline
+  const io::DeviceInfo* info;  // immutable (a changed interface gets a new Device)
+  int index;                   // ibv_get_device_index: the interface index
 };
 static_assert(offsetof(Device, ops) == 664, "verbs_device shape");
 

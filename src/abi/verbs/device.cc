@@ -31,16 +31,26 @@ const uint64_t kNoProviderOps[16] = {};
 std::mutex g_devices_mu;
 std::vector<Device*> g_devices;  // never freed: device pointers stay valid for the process's lifetime
 
+bool same_device(const io::DeviceInfo& a, const io::DeviceInfo& b) {
+  if (a.name != b.name || a.ifindex != b.ifindex || a.if_mtu != b.if_mtu || a.node_guid != b.node_guid ||
+      a.active != b.active || a.gids.size() != b.gids.size())
+    return false;
+  for (size_t i = 0; i < a.gids.size(); ++i)
+    if (a.gids[i].gid != b.gids[i].gid || a.gids[i].roce_v2 != b.gids[i].roce_v2) return false;
+  return true;
+}
+
+// A device's info never changes once handed out (contexts and other threads read it without a lock):
+// when the interface changed (address, MTU, state), the listing gets a new device of the same name.
 Device* device_for(const io::DeviceInfo& info) {
-  for (Device* d : g_devices) {
-    if (info.name == d->dev.name) {
-      *d->info = info;
-      return d;
-    }
+  for (auto it = g_devices.rbegin(); it != g_devices.rend(); ++it) {
+    if (info.name != (*it)->dev.name) continue;
+    if (same_device(*(*it)->info, info)) return *it;
+    break;
   }
   auto* d = new Device{};
   d->info = new io::DeviceInfo(info);
-  d->index = static_cast<int>(g_devices.size());
+  d->index = info.ifindex;
   d->ops = kNoProviderOps;
   d->dev.node_type = IBV_NODE_CA;
   d->dev.transport_type = IBV_TRANSPORT_IB;

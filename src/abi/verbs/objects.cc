@@ -214,6 +214,10 @@ ibv_qp* op_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
   if ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr->create_flags)
     return fail<ibv_qp>(EOPNOTSUPP);
   ibv_qp* qp = create_qp_common(to_ctx(context), to_pd(attr->pd), *attr);
+  if (qp) {
+    const core::QpCap& c = to_qp(qp)->core->init().cap;
+    attr->cap = {c.max_send_wr, c.max_recv_wr, c.max_send_sge, c.max_recv_sge, c.max_inline_data};
+  }
   return qp;
 }
 

@@ -1,8 +1,10 @@
 // The C API of the drop-in libibverbs.so.1, called as an rdma-core program calls it (rdma-core's own
 // header, linked against build/lib/libibverbs.so.1): misuse gets rdma-core's errno, the extended shapes
 // (verbs_context, ibv_qp_ex, ibv_cq_ex) are there, and a QP connected to itself moves data.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
+#include <poll.h>
 
 #include <cerrno>
 #include <cstring>
@@ -324,6 +326,72 @@ TEST(VerbsDevices, EveryGidBelowTableLengthQueries) {
     EXPECT_EQ(ibv_close_device(ctx), 0);
   }
   ibv_free_device_list(list);
+}
+
+}  // namespace
+
+namespace {
+
+// The async fd blocks unless made non-blocking; SRQ_LIMIT_REACHED arrives with the SRQ in element.srq.
+TEST_F(Verbs, AsyncEventSrqLimitReached) {
+  const int flags = fcntl(ctx_->async_fd, F_GETFL);
+  EXPECT_FALSE(flags & O_NONBLOCK);
+  ASSERT_EQ(fcntl(ctx_->async_fd, F_SETFL, flags | O_NONBLOCK), 0);
+  ibv_async_event ev;
+  errno = 0;
+  EXPECT_EQ(ibv_get_async_event(ctx_, &ev), -1);
+  EXPECT_EQ(errno, EAGAIN);
+
+  ibv_srq_init_attr sa{};
+  sa.attr.max_wr = 16;
+  sa.attr.max_sge = 1;
+  ibv_srq* srq = ibv_create_srq(pd_, &sa);
+  ASSERT_NE(srq, nullptr);
+  for (int i = 0; i < 4; ++i) {
+    ibv_sge sge{reinterpret_cast<uintptr_t>(buf_.data() + 2048), 1024, mr_->lkey};
+    ibv_recv_wr wr{};
+    wr.wr_id = static_cast<uint64_t>(i);
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    ASSERT_EQ(ibv_post_srq_recv(srq, &wr, &bad), 0);
+  }
+  ibv_srq_attr limit{};
+  limit.srq_limit = 4;
+  ASSERT_EQ(ibv_modify_srq(srq, &limit, IBV_SRQ_LIMIT), 0);
+  ibv_srq_attr q{};
+  ASSERT_EQ(ibv_query_srq(srq, &q), 0);
+  EXPECT_EQ(q.srq_limit, 4u);
+
+  ibv_qp_init_attr a{};
+  a.send_cq = cq_;
+  a.recv_cq = cq_;
+  a.srq = srq;
+  a.qp_type = IBV_QPT_RC;
+  a.cap = {16, 0, 1, 0, 0};
+  qp_ = ibv_create_qp(pd_, &a);
+  ASSERT_NE(qp_, nullptr);
+  to_rts_self(qp_);
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(post_send(qp_, 8, IBV_SEND_SIGNALED, &bad), 0);
+  int got = 0;
+  for (int spins = 0; got < 2 && spins < 50000000; ++spins) {
+    ibv_wc wc[2];
+    const int n = ibv_poll_cq(cq_, 2, wc);
+    ASSERT_GE(n, 0);
+    for (int i = 0; i < n; ++i) EXPECT_EQ(wc[i].status, IBV_WC_SUCCESS);
+    got += n;
+  }
+  ASSERT_EQ(got, 2);
+  pollfd p{ctx_->async_fd, POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 5000), 1);
+  ASSERT_EQ(ibv_get_async_event(ctx_, &ev), 0);
+  EXPECT_EQ(ev.event_type, IBV_EVENT_SRQ_LIMIT_REACHED);
+  EXPECT_EQ(ev.element.srq, srq);
+  ibv_ack_async_event(&ev);
+  EXPECT_EQ(ibv_destroy_qp(qp_), 0);
+  qp_ = nullptr;
+  EXPECT_EQ(ibv_destroy_srq(srq), 0);
 }
 
 }  // namespace

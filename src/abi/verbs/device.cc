@@ -186,6 +186,9 @@ ibv_context* ibv_open_device(ibv_device* device) {
   c.device = device;
   c.cmd_fd = -1;
   c.async_fd = ctx->core->async_fd();
+  // rdma-core's async fd blocks until the application makes it non-blocking (UCX does; ibv_asyncwatch
+  // relies on ibv_get_async_event blocking). The core reads it only when an event is queued.
+  fcntl(c.async_fd, F_SETFL, fcntl(c.async_fd, F_GETFL) & ~O_NONBLOCK);
   c.num_comp_vectors = 1;
   pthread_mutex_init(&c.mutex, nullptr);
   c.abi_compat = __VERBS_ABI_IS_EXTENDED;

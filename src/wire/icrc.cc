@@ -48,10 +48,10 @@ void mask_ip(uint8_t* ip, bool v6) {
 
 void mask_udp(uint8_t* udp) { udp[6] = udp[7] = 0xFF; }
 
-void put_ipv4(uint8_t* p, const Endpoint& src, const Endpoint& dst, uint16_t udp_len) {
+void put_ipv4(uint8_t* p, const Endpoint& src, const Endpoint& dst, uint16_t udp_len, uint16_t ip_id) {
   p[0] = 0x45;
   store_be16(p + 2, static_cast<uint16_t>(kIpv4Len + udp_len));
-  store_be16(p + 4, 0);       // ID: Linux sends 0 on an unconnected socket with DF
+  store_be16(p + 4, ip_id);   // Linux sends 0 on an unconnected socket with DF (segment k of a GSO send: k)
   store_be16(p + 6, 0x4000);  // DF
   p[9] = kProtoUdp;
   std::memcpy(p + 12, &src.addr.raw[12], 4);
@@ -101,7 +101,7 @@ uint32_t icrc_of_ip_packet(std::span<const uint8_t> ip_packet) {
 }
 
 uint32_t icrc_for_udp(const Endpoint& src, const Endpoint& dst,
-                      std::span<const std::span<const uint8_t>> segments) {
+                      std::span<const std::span<const uint8_t>> segments, uint16_t ip_id) {
   const bool v4 = src.addr.is_v4();
   assert(v4 == dst.addr.is_v4());
   size_t total = 0;
@@ -113,7 +113,7 @@ uint32_t icrc_for_udp(const Endpoint& src, const Endpoint& dst,
   uint8_t* ip = ph.append(v4 ? kIpv4Len : kIpv6Len);
   std::memset(ip, 0, v4 ? kIpv4Len : kIpv6Len);
   if (v4) {
-    put_ipv4(ip, src, dst, udp_len);
+    put_ipv4(ip, src, dst, udp_len, ip_id);
   } else {
     put_ipv6(ip, src, dst, udp_len);
   }
@@ -140,6 +140,37 @@ uint32_t icrc_for_udp(const Endpoint& src, const Endpoint& dst,
     crc = crc32(crc, segments[seg].data() + off, segments[seg].size() - off);
   }
   return crc;
+}
+
+int icrc_check_any_id(const Endpoint& src, const Endpoint& dst, std::span<const uint8_t> bth_to_pad,
+                      uint32_t wire_icrc, uint16_t hint, uint16_t max_id) {
+  const uint32_t crc0 = icrc_for_udp(src, dst, bth_to_pad, 0);
+  if (crc0 == wire_icrc) return 0;
+  if (!src.addr.is_v4() || max_id == 0) return -1;
+  // crc(id) = crc(0) ^ D(id), with D linear in the ID's bits; D of each bit depends only on how many
+  // bytes follow the ID field, i.e. on the packet's length. Cache D per length (per thread).
+  struct Entry {
+    size_t len = SIZE_MAX;
+    uint32_t bit[16];
+  };
+  thread_local Entry cache[16];
+  Entry& e = cache[bth_to_pad.size() & 15];
+  if (e.len != bth_to_pad.size()) {
+    for (int b = 0; b < 16; ++b)
+      e.bit[b] = icrc_for_udp(src, dst, bth_to_pad, static_cast<uint16_t>(1u << b)) ^ crc0;
+    e.len = bth_to_pad.size();
+  }
+  const uint32_t delta = crc0 ^ wire_icrc;
+  auto d = [&e](uint32_t id) {
+    uint32_t x = 0;
+    for (int b = 0; id != 0; ++b, id >>= 1)
+      if (id & 1) x ^= e.bit[b];
+    return x;
+  };
+  if (hint != 0 && hint <= max_id && d(hint) == delta) return hint;
+  for (uint32_t id = 1; id <= max_id; ++id)
+    if (d(id) == delta) return static_cast<int>(id);
+  return -1;
 }
 
 }  // namespace softrdma::wire

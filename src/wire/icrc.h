@@ -22,13 +22,25 @@ uint32_t icrc_of_ip_packet(std::span<const uint8_t> ip_packet);
 // headers are reconstructed as Linux sends them from an unconnected socket with DF set (IPv4 ID 0, DF,
 // protocol 17; IPv6 next header 17). `segments` are the bytes from the BTH through the pad, in order (the
 // first one starts with the BTH). The UDP length is derived from their total size plus the ICRC.
-uint32_t icrc_for_udp(const Endpoint& src, const Endpoint& dst, std::span<const std::span<const uint8_t>> segments);
+// `ip_id`: the IPv4 identification the packet carries: 0 from such a socket, and k for the k-th segment of
+// a UDP GSO send (the kernel numbers the segments of one send from the first one's 0).
+uint32_t icrc_for_udp(const Endpoint& src, const Endpoint& dst, std::span<const std::span<const uint8_t>> segments,
+                      uint16_t ip_id = 0);
 
 // Convenience for a contiguous BTH..pad buffer.
-inline uint32_t icrc_for_udp(const Endpoint& src, const Endpoint& dst, std::span<const uint8_t> bth_to_pad) {
+inline uint32_t icrc_for_udp(const Endpoint& src, const Endpoint& dst, std::span<const uint8_t> bth_to_pad,
+                             uint16_t ip_id = 0) {
   std::span<const uint8_t> one[1] = {bth_to_pad};
-  return icrc_for_udp(src, dst, std::span<const std::span<const uint8_t>>(one, 1));
+  return icrc_for_udp(src, dst, std::span<const std::span<const uint8_t>>(one, 1), ip_id);
 }
+
+// Checks a received packet's ICRC when the IPv4 ID it was sent with is not known (a UDP socket does not
+// show it): 0 for a plain send, k for the k-th segment of a GSO send that reached us split (the kernel
+// numbers them from 0). `hint` is tried first (a coalesced run's position). IDs 0..max_id are accepted; the
+// CRC's linearity makes each extra candidate a few XORs, not another pass over the packet. Returns the ID,
+// or -1 when none matches (the packet is corrupt). IPv6 has no ID: the plain check.
+int icrc_check_any_id(const Endpoint& src, const Endpoint& dst, std::span<const uint8_t> bth_to_pad,
+                      uint32_t wire_icrc, uint16_t hint, uint16_t max_id);
 
 inline void store_icrc(uint8_t* p, uint32_t icrc) {
   p[0] = static_cast<uint8_t>(icrc);

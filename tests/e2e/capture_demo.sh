@@ -10,6 +10,11 @@
 # lo, whatever else runs on this machine; the capture is narrowed to the demo's two UDP ports anyway (a
 # QP's port is its QPN >> 8; the client prints both QPNs). Exits 77 (skip) if it cannot capture.
 set -euo pipefail
+# softrdma hands runs of equal-size packets to the kernel as one UDP GSO message, which the kernel splits
+# on any real link (each piece a RoCEv2 packet with IPv4 ID k; tests/io KernelSplitGsoSegmentsCarryIdK
+# checks their ICRCs against the kernel's split). On lo a capture sees the unsplit message, so capture
+# with GSO off, as README says to: one RoCEv2 packet per frame.
+export SOFTRDMA_GSO=0
 DEMO=$1
 CHECK=$2
 WORK=${3:-}

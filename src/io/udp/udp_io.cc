@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/ip.h>
+#include <netinet/udp.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -80,6 +81,8 @@ void set_buffer(int fd, int force_opt, int opt, int bytes) {
 struct UdpIo::Socket {
   int fd = -1;
   uint16_t port = 0;
+  // The last recvmmsg's messages not yet all handed out (a coalesced one holds many packets).
+  uint32_t n_msgs = 0, next_msg = 0, next_off = 0;
   std::unique_ptr<uint8_t[]> bufs;  // kRxBatch x kRxBufSize
   mmsghdr msgs[kRxBatch];
   iovec iov[kRxBatch];
@@ -87,12 +90,18 @@ struct UdpIo::Socket {
   alignas(cmsghdr) uint8_t ctrl[kRxBatch][kRxCtrlLen];
 };
 
+// What one sending thread builds for one sendmmsg: up to kTxChunk packets in up to kTxChunk messages (a
+// message holds several packets under UDP GSO).
 struct UdpIo::TxScratch {
   mmsghdr msgs[kTxChunk];
-  iovec iov[kTxChunk][kMaxPayloadIov + 2];  // header, payload pieces, pad + ICRC
+  iovec iov[kTxIov];  // per packet: header, payload pieces, pad + ICRC
   SockAddr names[kTxChunk];
+  wire::Endpoint dst[kTxChunk];
+  alignas(cmsghdr) uint8_t ctrl[kTxChunk][CMSG_SPACE(sizeof(uint16_t))];
   uint8_t trailer[kTxChunk][8];
-  uint32_t len[kTxChunk];  // UDP payload bytes of each message
+  uint32_t len[kTxChunk];       // UDP payload bytes of each message
+  uint32_t npkts[kTxChunk];     // packets in each message
+  uint32_t seg_size[kTxChunk];  // the size of each packet but the last of a GSO message
 };
 
 UdpIo::UdpIo(const wire::Gid& local_addr, uint32_t scope_id, Counters* counters)
@@ -125,6 +134,7 @@ std::expected<std::unique_ptr<UdpIo>, int> UdpIo::create(const wire::Gid& local_
   for (size_t i = 0; i < kMaxSockets; ++i) io->slots_[i].store(nullptr, std::memory_order_relaxed);
   io->epfd_ = epoll_create1(EPOLL_CLOEXEC);
   if (io->epfd_ < 0) return std::unexpected(errno);
+  if (const char* g = getenv("SOFTRDMA_GSO"); g != nullptr) io->gso_ = std::strcmp(g, "0") != 0;
   if (const char* text = getenv(kFaultsEnv); text != nullptr && *text != '\0') {
     auto cfg = parse_faults(text);
     if (!cfg) {
@@ -178,6 +188,8 @@ std::expected<uint16_t, int> UdpIo::open_port(uint16_t port) {
     set_int_opt(fd, IPPROTO_IPV6, IPV6_RECVTCLASS, 1);
     set_int_opt(fd, IPPROTO_IPV6, IPV6_RECVHOPLIMIT, 1);
   }
+  // Always accept coalesced datagrams (a peer may send with GSO); rx_burst splits them.
+  set_int_opt(fd, SOL_UDP, UDP_GRO, 1);
   set_buffer(fd, SO_SNDBUFFORCE, SO_SNDBUF, kSocketBufBytes);
   set_buffer(fd, SO_RCVBUFFORCE, SO_RCVBUF, kSocketBufBytes);
 
@@ -271,8 +283,11 @@ void UdpIo::tx_burst(std::span<TxPacket> pkts) {
       continue;
     }
     const wire::Endpoint src{local_addr_, s->port};
-    uint32_t m = 0;
-    for (; i < pkts.size() && m < kTxChunk && pkts[i].src.port == s->port; ++i) {
+    uint32_t m = 0;       // messages (sendmmsg entries) in this chunk
+    uint32_t n_pkt = 0;   // packets in this chunk (trailers used)
+    uint32_t n_iov = 0;   // iovecs used from the pool
+    bool open = false;    // whether the last message may take more segments
+    for (; i < pkts.size() && n_pkt < kTxChunk && pkts[i].src.port == s->port; ++i) {
       TxPacket& p = pkts[i];
       const uint32_t pad = p.pad & 3u;
       if (p.hdr_len < wire::kBthLen || p.hdr_len > kMaxHdr || p.n_iov > kMaxPayloadIov ||
@@ -280,40 +295,71 @@ void UdpIo::tx_burst(std::span<TxPacket> pkts) {
         ++dropped;
         continue;
       }
-      // Segments covered by the ICRC: header, payload pieces, pad zeros.
+      uint64_t len = p.hdr_len + pad + wire::kIcrcLen;
+      for (uint32_t k = 0; k < p.n_iov; ++k) len += p.iov[k].iov_len;
+      if (len > kMaxUdpPayload) {
+        ++dropped;
+        continue;
+      }
+      if (n_iov + p.n_iov + 2 > kTxIov) break;  // the pool is full: send what is built, then go on
+      // UDP GSO: packets of one size to one destination go in one message, split by the kernel into
+      // that many datagrams (the last may be shorter), so many packets cost one trip down the stack.
+      const bool join = open && t.seg_size[m - 1] == len && t.npkts[m - 1] < kMaxGsoSegments &&
+                        t.len[m - 1] + len <= kMaxGsoBytes && t.dst[m - 1] == p.dst;
+      const bool join_last = open && !join && len < t.seg_size[m - 1] && t.npkts[m - 1] < kMaxGsoSegments &&
+                             t.len[m - 1] + len <= kMaxGsoBytes && t.dst[m - 1] == p.dst;
+      if (!join && !join_last) {
+        msghdr& h = t.msgs[m].msg_hdr;
+        h = msghdr{};
+        h.msg_name = &t.names[m];
+        h.msg_namelen = to_sockaddr(p.dst, v4_, scope_id_, &t.names[m]);
+        h.msg_iov = &t.iov[n_iov];
+        t.len[m] = 0;
+        t.npkts[m] = 0;
+        t.seg_size[m] = static_cast<uint32_t>(len);
+        t.dst[m] = p.dst;
+        ++m;
+        open = gso_;
+      }
+      if (join_last) open = false;  // a shorter segment ends the message
+      msghdr& h = t.msgs[m - 1].msg_hdr;
+      // Segments covered by the ICRC: header, payload pieces, pad zeros. Segment k of a GSO message leaves
+      // with IPv4 ID k (the kernel numbers them from the message's 0).
       std::span<const uint8_t> segs[kMaxPayloadIov + 2];
-      iovec* iov = t.iov[m];
       uint32_t nseg = 0;
-      uint64_t len = p.hdr_len;
+      iovec* iov = &t.iov[n_iov];
       iov[0] = iovec{p.hdr, p.hdr_len};
       segs[nseg++] = std::span<const uint8_t>(p.hdr, p.hdr_len);
       for (uint32_t k = 0; k < p.n_iov; ++k) {
         iov[1 + k] = p.iov[k];
         segs[nseg++] =
             std::span<const uint8_t>(static_cast<const uint8_t*>(p.iov[k].iov_base), p.iov[k].iov_len);
-        len += p.iov[k].iov_len;
       }
       if (pad != 0) segs[nseg++] = std::span<const uint8_t>(kZeros, pad);
-      len += pad + wire::kIcrcLen;
-      if (len > kMaxUdpPayload) {
-        ++dropped;
-        continue;
-      }
+      const auto ip_id = static_cast<uint16_t>(t.npkts[m - 1]);
       const uint32_t icrc =
-          wire::icrc_for_udp(src, p.dst, std::span<const std::span<const uint8_t>>(segs, nseg));
-      uint8_t* trailer = t.trailer[m];
+          wire::icrc_for_udp(src, p.dst, std::span<const std::span<const uint8_t>>(segs, nseg), ip_id);
+      uint8_t* trailer = t.trailer[n_pkt++];
       std::memset(trailer, 0, pad);
       wire::store_icrc(trailer + pad, icrc);
       iov[1 + p.n_iov] = iovec{trailer, pad + wire::kIcrcLen};
-
-      msghdr& h = t.msgs[m].msg_hdr;
-      h = msghdr{};
-      h.msg_name = &t.names[m];
-      h.msg_namelen = to_sockaddr(p.dst, v4_, scope_id_, &t.names[m]);
-      h.msg_iov = iov;
-      h.msg_iovlen = p.n_iov + 2;
-      t.len[m] = static_cast<uint32_t>(len);
-      ++m;
+      n_iov += p.n_iov + 2;
+      h.msg_iovlen += p.n_iov + 2;
+      t.len[m - 1] += static_cast<uint32_t>(len);
+      ++t.npkts[m - 1];
+    }
+    // Messages of several segments carry UDP_SEGMENT.
+    for (uint32_t k = 0; k < m; ++k) {
+      msghdr& h = t.msgs[k].msg_hdr;
+      if (t.npkts[k] < 2) continue;
+      h.msg_control = t.ctrl[k];
+      h.msg_controllen = sizeof t.ctrl[k];
+      cmsghdr* c = CMSG_FIRSTHDR(&h);
+      c->cmsg_level = SOL_UDP;
+      c->cmsg_type = UDP_SEGMENT;
+      c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+      const auto seg = static_cast<uint16_t>(t.seg_size[k]);
+      std::memcpy(CMSG_DATA(c), &seg, sizeof seg);
     }
     if (m != 0) send_chunk(*s, t, m);
   }
@@ -329,8 +375,10 @@ void UdpIo::send_chunk(Socket& s, TxScratch& t, uint32_t n) {
   while (sent < n) {
     const int r = sendmmsg(s.fd, t.msgs + sent, n - sent, MSG_DONTWAIT);
     if (r > 0) {
-      for (uint32_t k = sent; k < sent + static_cast<uint32_t>(r); ++k) bytes += t.len[k];
-      packets += static_cast<uint32_t>(r);
+      for (uint32_t k = sent; k < sent + static_cast<uint32_t>(r); ++k) {
+        bytes += t.len[k];
+        packets += t.npkts[k];
+      }
       sent += static_cast<uint32_t>(r);
       stalls = 0;
       continue;
@@ -339,7 +387,7 @@ void UdpIo::send_chunk(Socket& s, TxScratch& t, uint32_t n) {
     if (err == EINTR) continue;
     if (err == EAGAIN || err == EWOULDBLOCK || err == ENOBUFS) {
       if (++stalls > kTxStallRetries) {
-        dropped += n - sent;
+        for (uint32_t k = sent; k < n; ++k) dropped += t.npkts[k];
         break;
       }
       if (err == ENOBUFS) {  // a full device queue: the socket still polls writable, so just wait
@@ -352,7 +400,7 @@ void UdpIo::send_chunk(Socket& s, TxScratch& t, uint32_t n) {
       continue;
     }
     // EMSGSIZE (beyond the path MTU with DF), EHOSTUNREACH, ENETUNREACH, EINVAL ...: this message only.
-    ++dropped;
+    dropped += t.npkts[sent];
     ++sent;
   }
   if (packets != 0) {
@@ -399,32 +447,34 @@ uint32_t UdpIo::rx_burst(RxPacket* out, uint32_t max) {
 }
 
 uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t now) {
-  // Under fault injection, half the room: duplicates and reordered packets go right behind the packet
-  // that released them.
-  const uint32_t vlen = std::min(faults_ ? std::max(1u, room / 2) : room, kRxBatch);
-  for (uint32_t i = 0; i < vlen; ++i) {
-    msghdr& h = s.msgs[i].msg_hdr;
-    h.msg_namelen = sizeof(SockAddr);
-    h.msg_controllen = kRxCtrlLen;
-    h.msg_flags = 0;
+  if (s.next_msg >= s.n_msgs) {
+    // Under fault injection, half the room: duplicates and reordered packets go right behind the packet
+    // that released them.
+    const uint32_t vlen = std::min(faults_ ? std::max(1u, room / 2) : room, kRxBatch);
+    for (uint32_t i = 0; i < vlen; ++i) {
+      msghdr& h = s.msgs[i].msg_hdr;
+      h.msg_namelen = sizeof(SockAddr);
+      h.msg_controllen = kRxCtrlLen;
+      h.msg_flags = 0;
+    }
+    int r;
+    do {
+      r = recvmmsg(s.fd, s.msgs, vlen, MSG_DONTWAIT | MSG_TRUNC, nullptr);
+    } while (r < 0 && errno == EINTR);
+    if (r <= 0) return 0;
+    s.n_msgs = static_cast<uint32_t>(r);
+    s.next_msg = s.next_off = 0;
   }
-  int r;
-  do {
-    r = recvmmsg(s.fd, s.msgs, vlen, MSG_DONTWAIT | MSG_TRUNC, nullptr);
-  } while (r < 0 && errno == EINTR);
-  if (r <= 0) return 0;
 
   uint32_t got = 0;
   uint64_t bytes = 0, truncated = 0, bad_icrc = 0, oversize = 0;
-  for (int i = 0; i < r; ++i) {
+  while (s.next_msg < s.n_msgs && got < room) {
+    const uint32_t i = s.next_msg;
     const msghdr& h = s.msgs[i].msg_hdr;
     const uint32_t len = s.msgs[i].msg_len;  // the datagram's real size (MSG_TRUNC)
     if ((h.msg_flags & MSG_TRUNC) != 0 || len > kRxBufSize) {
       ++oversize;
-      continue;
-    }
-    if (len < kMinPacket) {
-      ++truncated;
+      ++s.next_msg;
       continue;
     }
     RxPacket& p = out[got];
@@ -432,6 +482,7 @@ uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t no
     p.dst = wire::Endpoint{local_addr_, s.port};
     p.tos = 0;
     p.ttl = 64;
+    uint32_t gso_size = 0;  // set when the kernel coalesced several datagrams (UDP_GRO)
     for (cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr; c = CMSG_NXTHDR(const_cast<msghdr*>(&h), c)) {
       const uint8_t* d = CMSG_DATA(c);
       int v = 0;
@@ -458,13 +509,33 @@ uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t no
           std::memcpy(&v, d, sizeof v);
           p.ttl = static_cast<uint8_t>(v);
         }
+      } else if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
+        std::memcpy(&v, d, sizeof v);
+        gso_size = v > 0 ? static_cast<uint32_t>(v) : 0;
       }
     }
-    uint8_t* data = static_cast<uint8_t*>(s.iov[i].iov_base);
-    const uint32_t body = len - wire::kIcrcLen;
-    if (faults_) faults_->maybe_corrupt(data, len);
-    if (wire::icrc_for_udp(p.src, p.dst, std::span<const uint8_t>(data, body)) !=
-        wire::load_icrc(data + body)) {
+    // One datagram, or the next of the coalesced ones.
+    const uint32_t off = s.next_off;
+    const uint32_t seg = gso_size != 0 ? gso_size : len;
+    const uint32_t seg_len = std::min(seg, len - off);
+    const auto index = static_cast<uint16_t>(off / seg);
+    s.next_off += seg_len;
+    if (s.next_off >= len) {
+      ++s.next_msg;
+      s.next_off = 0;
+    }
+    if (seg_len < kMinPacket) {
+      ++truncated;
+      continue;
+    }
+    uint8_t* data = static_cast<uint8_t*>(s.iov[i].iov_base) + off;
+    const uint32_t body = seg_len - wire::kIcrcLen;
+    if (faults_) faults_->maybe_corrupt(data, seg_len);
+    // A socket does not show the IPv4 ID the ICRC covers: 0 for a plain send, k for the k-th segment of a
+    // GSO send (likely `index` in a coalesced run; anything up to the most segments a sender puts in one
+    // send when the segments arrive one by one).
+    if (wire::icrc_check_any_id(p.src, p.dst, std::span<const uint8_t>(data, body), wire::load_icrc(data + body),
+                                index, kMaxGsoSegments - 1) < 0) {
       ++bad_icrc;
       continue;
     }
@@ -472,17 +543,15 @@ uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t no
     p.len = body;
     if (faults_) {
       if (faults_->on_packet(p, now) != RxFaults::Verdict::kDeliver) continue;
-      bytes += len;
+      bytes += seg_len;
       ++got;
-      // Packets released behind this one (reorder, duplicate) may use the room the rest of this batch
-      // does not need.
-      const uint32_t spare = room - got - static_cast<uint32_t>(r - i - 1);
-      const uint32_t extra = faults_->after_deliver(p, out + got, spare, now);
+      // Packets released behind this one (reorder, duplicate) may use the room left.
+      const uint32_t extra = faults_->after_deliver(p, out + got, room - got, now);
       for (uint32_t k = 0; k < extra; ++k) bytes += out[got + k].len + wire::kIcrcLen;
       got += extra;
       continue;
     }
-    bytes += len;
+    bytes += seg_len;
     ++got;
   }
   if (got != 0) {

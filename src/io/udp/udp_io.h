@@ -25,12 +25,17 @@ namespace softrdma::io {
 
 class UdpIo : public Backend {
  public:
-  // Receive ring of each socket: kRxBatch buffers of kRxBufSize bytes, allocated at open_port (576 KiB).
-  // kRxBufSize holds a 9000-byte jumbo datagram; RoCEv2 packets are at most 4096 + 64 + 3 + 4 bytes.
-  static constexpr uint32_t kRxBatch = 64;
-  static constexpr uint32_t kRxBufSize = 9216;
-  // Packets per sendmmsg.
+  // Receive ring of each socket: kRxBatch buffers of kRxBufSize bytes, allocated at open_port (2 MiB).
+  // A buffer holds the largest UDP datagram: with UDP_GRO the kernel hands over runs of datagrams
+  // coalesced into one (RoCEv2 packets themselves are at most 4096 + 64 + 3 + 4 bytes).
+  static constexpr uint32_t kRxBatch = 32;
+  static constexpr uint32_t kRxBufSize = 65536;
+  // Packets per sendmmsg, and iovecs (each packet takes its payload pieces + 2).
   static constexpr uint32_t kTxChunk = 64;
+  static constexpr uint32_t kTxIov = 1024;  // UIO_MAXIOV: also the most one GSO message may have
+  // UDP GSO: at most this many packets, and bytes, in one message.
+  static constexpr uint32_t kMaxGsoSegments = 64;
+  static constexpr uint32_t kMaxGsoBytes = 65000;
   // Requested SO_SNDBUF/SO_RCVBUF (the kernel doubles it; without CAP_NET_ADMIN, capped at
   // net.core.{w,r}mem_max).
   static constexpr int kSocketBufBytes = 4 << 20;
@@ -86,6 +91,8 @@ class UdpIo : public Backend {
 
   // Fault injection (io/udp/fault_injector.h): on receive, configured by SOFTRDMA_FAULTS; null when off.
   std::unique_ptr<RxFaults> faults_;
+  // Send runs of equal-size packets to one peer as one UDP GSO message (SOFTRDMA_GSO=0 turns it off).
+  bool gso_ = true;
 
   const wire::Gid local_addr_;
   const bool v4_;

@@ -29,7 +29,8 @@ constexpr uint32_t kVendorId = 0xFFFFFF;  // rxe's; perftest's mlx5/EFA part IDs
 const uint64_t kNoProviderOps[16] = {};
 
 std::mutex g_devices_mu;
-std::vector<Device*> g_devices;  // never freed: device pointers stay valid for the process's lifetime
+// Never freed (nor destroyed at exit): device pointers stay valid for the process's lifetime.
+std::vector<Device*>& g_devices = *new std::vector<Device*>;
 
 bool same_device(const io::DeviceInfo& a, const io::DeviceInfo& b) {
   if (a.name != b.name || a.ifindex != b.ifindex || a.if_mtu != b.if_mtu || a.node_guid != b.node_guid ||

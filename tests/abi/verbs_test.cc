@@ -166,6 +166,41 @@ TEST_F(Verbs, ModifyQpMissingRequiredAttributeIsEinval) {
   EXPECT_EQ(q.qp_state, IBV_QPS_INIT);
 }
 
+// The context listens on the address of GID 1: an address vector from another source GID is refused
+// rather than left to hang; a source GID past the table is EINVAL too.
+TEST_F(Verbs, SourceGidOtherThanTheContextsIsEinval) {
+  qp_ = create_rc();
+  ASSERT_NE(qp_, nullptr);
+  ASSERT_EQ(to_init(qp_), 0);
+  ibv_port_attr port;
+  ASSERT_EQ(ibv_query_port(ctx_, 1, &port), 0);
+  ibv_gid gid;
+  ASSERT_EQ(ibv_query_gid(ctx_, 1, 1, &gid), 0);
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = IBV_MTU_1024;
+  a.dest_qp_num = qp_->qp_num;
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = 12;
+  a.ah_attr.is_global = 1;
+  a.ah_attr.grh.dgid = gid;
+  a.ah_attr.port_num = 1;
+  const int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                   IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+  a.ah_attr.grh.sgid_index = static_cast<uint8_t>(port.gid_tbl_len);
+  EXPECT_EQ(ibv_modify_qp(qp_, &a, mask), EINVAL);
+  a.ah_attr.grh.sgid_index = 0;  // fe80::, not the address the context listens on
+  EXPECT_EQ(ibv_modify_qp(qp_, &a, mask), EINVAL);
+  errno = 0;
+  EXPECT_EQ(ibv_create_ah(pd_, &a.ah_attr), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  a.ah_attr.grh.sgid_index = 1;
+  ibv_ah* ah = ibv_create_ah(pd_, &a.ah_attr);
+  ASSERT_NE(ah, nullptr);
+  EXPECT_EQ(ibv_destroy_ah(ah), 0);
+  EXPECT_EQ(ibv_modify_qp(qp_, &a, mask), 0);
+}
+
 TEST_F(Verbs, TooLargeInlineIsEinval) {
   errno = 0;
   EXPECT_EQ(create_rc(100000), nullptr);  // beyond the device's maximum: libfabric binary-searches on this

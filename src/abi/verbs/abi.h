@@ -129,6 +129,7 @@ void fill_ops(Context* ctx);
 void register_cq_ex(Context* ctx);
 void init_qp_ex(Qp* qp);
 void init_cq_ex(Cq* cq);
+bool sgid_usable(Context* ctx, const ibv_ah_attr& ah);
 void to_core_ah(const ibv_ah_attr& in, core::AhAttr* out);
 void from_core_ah(const core::AhAttr& in, ibv_ah_attr* out);
 void to_ibv_wc(const Wc& in, ibv_wc* out);

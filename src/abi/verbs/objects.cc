@@ -223,6 +223,15 @@ ibv_qp* op_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
 
 }  // namespace
 
+// A context sends and receives on one address, the GID it was opened on (index 1, the IPv4 one, when
+// there is one): an address vector whose source GID is another address would have the peer send where
+// nothing listens, so it is refused up front instead of hanging.
+bool sgid_usable(Context* ctx, const ibv_ah_attr& ah) {
+  if (!ah.is_global) return true;
+  const auto& gids = ctx->device->info->gids;
+  return ah.grh.sgid_index < gids.size() && gids[ah.grh.sgid_index].gid == ctx->native->gid();
+}
+
 void to_core_ah(const ibv_ah_attr& in, core::AhAttr* out) {
   std::memcpy(out->dgid.raw.data(), in.grh.dgid.raw, 16);
   out->flow_label = in.grh.flow_label;
@@ -516,6 +525,7 @@ int ibv_destroy_srq(ibv_srq* ibsrq) {
 // ---- AH ----
 
 ibv_ah* ibv_create_ah(ibv_pd* ibpd, ibv_ah_attr* attr) {
+  if (!sgid_usable(to_ctx(ibpd->context), *attr)) return fail<ibv_ah>(EINVAL);
   core::AhAttr a;
   to_core_ah(*attr, &a);
   auto core = to_ctx(ibpd->context)->core->create_ah(to_pd(ibpd)->core, a);
@@ -583,6 +593,7 @@ ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
 }
 
 int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int attr_mask) {
+  if ((attr_mask & IBV_QP_AV) && !sgid_usable(to_ctx(ibqp->context), attr->ah_attr)) return EINVAL;
   core::QpAttr a;
   to_core_attr(*attr, attr_mask, &a);
   if (int err = to_qp(ibqp)->core->modify(a, static_cast<uint32_t>(attr_mask))) return err;

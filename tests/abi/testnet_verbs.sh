@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# abi.testnet_*: an unmodified rdma-core program (an ibv_*_pingpong or a perftest) on softrdma's
+# libibverbs.so.1 across two test hosts (network namespaces joined by a bridge, tests/e2e/testnet): the
+# server in h1 (198.18.0.1), the client in h2, device sr_eth0, GID index 1.
+#
+#   testnet_verbs.sh LIBDIR DROP PROGRAM [OPTION...]
+#     DROP: the percentage of packets h2 drops (nftables), 0 for none
+#
+# Exits 77 (skip) without root, `ip netns`, nftables (when dropping) or the program.
+set -euo pipefail
+LIBDIR=$(readlink -f "$1")
+DROP=$2
+PROG=$3
+shift 3
+TESTNET=$(cd "$(dirname "$0")/../e2e" && pwd)/testnet
+SKIP=77
+if [[ $(id -u) -ne 0 ]]; then echo "SKIP: network namespaces need root"; exit $SKIP; fi
+if ! ip netns list >/dev/null 2>&1; then echo "SKIP: ip netns is unavailable"; exit $SKIP; fi
+if [[ $DROP != 0 ]] && ! command -v nft >/dev/null; then echo "SKIP: nftables is not installed"; exit $SKIP; fi
+command -v "$PROG" >/dev/null || { echo "SKIP: $PROG is not installed"; exit $SKIP; }
+case $PROG in
+  ib_*) GIDOPT=-x ;;
+  *) GIDOPT=-g ;;
+esac
+
+# Hosts of killed runs of this script (their PID is gone) are removed first; then ours: PREFIX abNNN.
+for ns in $(ip netns list | awk '{print $1}' | grep -E '^ab[0-9]+-(h[0-9]+|sw)$' || true); do
+  prefix=${ns%-*}
+  if ! kill -0 "${prefix#ab}" 2>/dev/null; then TESTNET_PREFIX=$prefix "$TESTNET" down >/dev/null 2>&1 || true; fi
+done
+export TESTNET_PREFIX=ab$$
+WORK=$(mktemp -d /tmp/abi-testnet.XXXXXX)
+SERVER_PID=
+cleanup() {
+  if [[ -n $SERVER_PID ]]; then kill "$SERVER_PID" 2>/dev/null || true; fi
+  "$TESTNET" down >/dev/null 2>&1 || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+
+"$TESTNET" up 2
+if [[ $DROP != 0 ]]; then "$TESTNET" drop h2 "$DROP"; fi
+PORT=18515
+"$TESTNET" exec h1 env LD_LIBRARY_PATH="$LIBDIR" timeout 120 "$PROG" -d sr_eth0 $GIDOPT 1 -p $PORT "$@" \
+  >"$WORK/server" 2>&1 &
+SERVER_PID=$!
+hexport=$(printf '%04X' $PORT)
+for _ in $(seq 100); do
+  "$TESTNET" exec h1 grep -qs ":$hexport [0-9A-F:]* 0A " /proc/net/tcp /proc/net/tcp6 && break
+  sleep 0.1
+done
+client_rc=0
+"$TESTNET" exec h2 env LD_LIBRARY_PATH="$LIBDIR" timeout 120 "$PROG" -d sr_eth0 $GIDOPT 1 -p $PORT "$@" 198.18.0.1 \
+  >"$WORK/client" 2>&1 || client_rc=$?
+server_rc=0
+wait "$SERVER_PID" || server_rc=$?
+SERVER_PID=
+echo "==== server (h1, 198.18.0.1, exit $server_rc)"; cat "$WORK/server"
+echo "==== client (h2, 198.18.0.2, exit $client_rc)"; cat "$WORK/client"
+[[ $server_rc == 0 && $client_rc == 0 ]] || { echo "FAIL (124: timed out)"; exit 1; }
+case $PROG in
+  ib_*) grep -A1 '#bytes' "$WORK/client" | tail -1 | grep -Eq '^ *[0-9]+ +[0-9]+ +[0-9.]+' ;;
+  *) grep -q "iters in" "$WORK/client" && grep -q "iters in" "$WORK/server" ;;
+esac

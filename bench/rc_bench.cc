@@ -148,51 +148,39 @@ double qperf(const char* args) {
   return v;
 }
 
-}  // namespace
+struct Figures {
+  double bw64k = 0, bw1m = 0, lat_avg = 0, lat_med = 0, lat_p90 = 0, lat_p99 = 0, lat_max = 0;
+  double q64k = -1, q1m = -1, qlat = -1;
+};
 
-int main(int argc, char** argv) {
-  std::string dev = "sr_lo";
-  double seconds = 2;
-  bool with_qperf = true;
-  bool latency_only = false;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "-d") && i + 1 < argc) dev = argv[++i];
-    else if (!std::strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = std::atof(argv[++i]);
-    else if (!std::strcmp(argv[i], "--no-qperf")) with_qperf = false;
-    else if (!std::strcmp(argv[i], "--latency-only")) latency_only = true;
-    else {
-      std::fprintf(stderr, "usage: rc-bench [-d DEV] [--seconds S] [--no-qperf] [--latency-only]\n");
-      return 2;
-    }
-  }
+// One round: softrdma's figures (a fresh pair of processes), then qperf's on the same loopback.
+Figures measure(const std::string& dev, double seconds, bool latency_only, bool with_qperf, int iters) {
+  Figures f;
   uint16_t port = 0;
   int lfd = or_exit(listen_tcp("127.0.0.1", &port), "listen");
   const pid_t pid = fork();
   if (pid == 0) _exit(server(dev, lfd));
   close(lfd);
   int fd = or_exit(connect_tcp("127.0.0.1", port), "connect");
-  double bw64k, bw1m, lat_avg, lat_med, lat_p90, lat_p99, lat_max;
   {
     Side s(dev, fd);
-    bw64k = latency_only ? 0 : write_bw(s, 65536, seconds);
-    bw1m = latency_only ? 0 : write_bw(s, 1 << 20, seconds);
-    const int iters = std::getenv("RC_BENCH_ITERS") ? std::atoi(std::getenv("RC_BENCH_ITERS")) : 20000;
+    f.bw64k = latency_only ? 0 : write_bw(s, 65536, seconds) / 1e9;
+    f.bw1m = latency_only ? 0 : write_bw(s, 1 << 20, seconds) / 1e9;
     or_exit(send_all(fd, &iters, sizeof iters), "side channel");
     auto lat = pingpong(s, true, iters);
     std::sort(lat.begin(), lat.end());
-    lat_med = lat[lat.size() / 2];
-    lat_p90 = lat[lat.size() * 9 / 10];
-    lat_p99 = lat[lat.size() * 99 / 100];
-    lat_max = lat.back();
+    f.lat_med = lat[lat.size() / 2];
+    f.lat_p90 = lat[lat.size() * 9 / 10];
+    f.lat_p99 = lat[lat.size() * 99 / 100];
+    f.lat_max = lat.back();
     double sum = 0;
     for (double x : lat) sum += x;
-    lat_avg = sum / lat.size();
+    f.lat_avg = sum / lat.size();
     char c = 1;
     or_exit(send_all(fd, &c, 1), "side channel");
   }
+  close(fd);
   waitpid(pid, nullptr, 0);
-
-  double q64k = -1, q1m = -1, qlat = -1;
   if (with_qperf) {
     const pid_t q = fork();
     if (q == 0) {
@@ -200,23 +188,75 @@ int main(int argc, char** argv) {
       _exit(127);
     }
     usleep(300000);
-    q64k = qperf("-m 64K tcp_bw");
-    q1m = qperf("-m 1M tcp_bw");
-    qlat = qperf("-m 8 tcp_lat");
+    f.q64k = qperf("-m 64K tcp_bw");
+    f.q1m = qperf("-m 1M tcp_bw");
+    f.qlat = qperf("-m 8 tcp_lat");
     kill(q, SIGTERM);
     waitpid(q, nullptr, 0);
   }
-  std::printf("%-34s %14s %14s %8s\n", "test (2 processes, 127.0.0.1)", "softrdma", "qperf tcp", "ratio");
-  auto row = [](const char* name, double ours, double theirs, const char* unit) {
-    if (theirs > 0)
-      std::printf("%-34s %10.3f %-3s %10.3f %-3s %8.2f\n", name, ours, unit, theirs, unit, ours / theirs);
-    else
-      std::printf("%-34s %10.3f %-3s %14s %8s\n", name, ours, unit, "n/a", "");
+  return f;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string dev = "sr_lo";
+  double seconds = 2;
+  bool with_qperf = true;
+  bool latency_only = false;
+  int runs = 3;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "-d") && i + 1 < argc) dev = argv[++i];
+    else if (!std::strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = std::atof(argv[++i]);
+    else if (!std::strcmp(argv[i], "--runs") && i + 1 < argc) runs = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--no-qperf")) with_qperf = false;
+    else if (!std::strcmp(argv[i], "--latency-only")) latency_only = true;
+    else {
+      std::fprintf(stderr,
+                   "usage: rc-bench [-d DEV] [--seconds S] [--runs N] [--no-qperf] [--latency-only]\n");
+      return 2;
+    }
+  }
+  const int iters = std::getenv("RC_BENCH_ITERS") ? std::atoi(std::getenv("RC_BENCH_ITERS")) : 20000;
+  std::vector<Figures> all;
+  for (int r = 0; r < runs; ++r) all.push_back(measure(dev, seconds, latency_only, with_qperf, iters));
+
+  // Each figure: the median of the runs, with their min and max.
+  struct Stat {
+    double med, min, max;
   };
-  row("RC WRITE bw 64 KiB (GB/s, 10^9)", bw64k / 1e9, q64k, "");
-  row("RC WRITE bw 1 MiB (GB/s, 10^9)", bw1m / 1e9, q1m, "");
-  row("8 B WRITE latency, half RTT avg (us)", lat_avg, qlat, "");
-  std::printf("%-34s %10.3f\n", "8 B WRITE latency, half RTT median", lat_med);
-  std::printf("%-34s %10.3f / %.3f / %.3f\n", "  p90 / p99 / max (us)", lat_p90, lat_p99, lat_max);
+  auto stat = [&all](double Figures::*field) {
+    std::vector<double> v;
+    for (const Figures& f : all) v.push_back(f.*field);
+    std::sort(v.begin(), v.end());
+    return Stat{v[v.size() / 2], v.front(), v.back()};
+  };
+  std::printf("rc-bench: %d run(s), each figure the median [min - max]; softrdma on %s, qperf over TCP on 127.0.0.1\n",
+              runs, dev.c_str());
+  std::printf("%-40s %24s %24s %7s\n", "test (2 processes on this machine)", "softrdma", "qperf tcp", "ratio");
+  auto row = [&](const char* name, double Figures::*ours, double Figures::*theirs) {
+    const Stat a = stat(ours);
+    char x[64], y[64] = "n/a";
+    std::snprintf(x, sizeof x, "%.3f [%.3f - %.3f]", a.med, a.min, a.max);
+    double ratio = 0;
+    if (theirs && with_qperf) {
+      const Stat b = stat(theirs);
+      std::snprintf(y, sizeof y, "%.3f [%.3f - %.3f]", b.med, b.min, b.max);
+      ratio = b.med > 0 ? a.med / b.med : 0;
+    }
+    if (ratio > 0)
+      std::printf("%-40s %24s %24s %7.2f\n", name, x, y, ratio);
+    else
+      std::printf("%-40s %24s %24s\n", name, x, y);
+  };
+  if (!latency_only) {
+    row("RC WRITE bw 64 KiB (GB/s = 10^9 B/s)", &Figures::bw64k, &Figures::q64k);
+    row("RC WRITE bw 1 MiB (GB/s = 10^9 B/s)", &Figures::bw1m, &Figures::q1m);
+  }
+  row("8 B WRITE latency, half RTT, avg (us)", &Figures::lat_avg, &Figures::qlat);
+  row("  median (us)", &Figures::lat_med, nullptr);
+  row("  p90 (us)", &Figures::lat_p90, nullptr);
+  row("  p99 (us)", &Figures::lat_p99, nullptr);
+  row("  max (us)", &Figures::lat_max, nullptr);
   return 0;
 }

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace {
@@ -427,6 +428,91 @@ TEST_F(Verbs, AsyncEventSrqLimitReached) {
   EXPECT_EQ(ibv_destroy_qp(qp_), 0);
   qp_ = nullptr;
   EXPECT_EQ(ibv_destroy_srq(srq), 0);
+}
+
+}  // namespace
+
+namespace {
+
+// UD: a receive starts with the 40-byte GRH (source and destination GIDs), IBV_WC_GRH is set, and
+// ibv_create_ah_from_wc answers the sender (UCX's ud_verbs and rdma_cm's UD servers rely on both).
+TEST_F(Verbs, UdReceiveCarriesGrhAndAnswersFromWc) {
+  ibv_qp_init_attr ia{};
+  ia.send_cq = cq_;
+  ia.recv_cq = cq_;
+  ia.qp_type = IBV_QPT_UD;
+  ia.cap = {16, 16, 1, 1, 0};
+  qp_ = ibv_create_qp(pd_, &ia);
+  ASSERT_NE(qp_, nullptr);
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.qkey = 0x11111111;
+  ASSERT_EQ(ibv_modify_qp(qp_, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY), 0);
+  ibv_sge rsge{reinterpret_cast<uintptr_t>(buf_.data() + 1024), 40 + 64, mr_->lkey};
+  ibv_recv_wr rwr{};
+  rwr.sg_list = &rsge;
+  rwr.num_sge = 1;
+  ibv_recv_wr* rbad = nullptr;
+  ASSERT_EQ(ibv_post_recv(qp_, &rwr, &rbad), 0);
+  a = {};
+  a.qp_state = IBV_QPS_RTR;
+  ASSERT_EQ(ibv_modify_qp(qp_, &a, IBV_QP_STATE), 0);
+  a.qp_state = IBV_QPS_RTS;
+  a.sq_psn = 1;
+  ASSERT_EQ(ibv_modify_qp(qp_, &a, IBV_QP_STATE | IBV_QP_SQ_PSN), 0);
+
+  ibv_gid gid;
+  ASSERT_EQ(ibv_query_gid(ctx_, 1, 1, &gid), 0);
+  ibv_ah_attr ah_attr{};
+  ah_attr.is_global = 1;
+  ah_attr.grh.dgid = gid;
+  ah_attr.grh.sgid_index = 1;
+  ah_attr.grh.hop_limit = 1;
+  ah_attr.port_num = 1;
+  ibv_ah* ah = ibv_create_ah(pd_, &ah_attr);
+  ASSERT_NE(ah, nullptr);
+  std::memcpy(buf_.data(), "datagram", 9);
+  ibv_sge sge{reinterpret_cast<uintptr_t>(buf_.data()), 9, mr_->lkey};
+  ibv_send_wr wr{};
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.ud.ah = ah;
+  wr.wr.ud.remote_qpn = qp_->qp_num;
+  wr.wr.ud.remote_qkey = 0x11111111;
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_send(qp_, &wr, &bad), 0);
+  ibv_wc recv{};
+  int got = 0;
+  for (int spins = 0; got < 2 && spins < 50000000; ++spins) {
+    ibv_wc wc;
+    if (ibv_poll_cq(cq_, 1, &wc) != 1) continue;
+    ++got;
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
+    if (wc.opcode == IBV_WC_RECV) recv = wc;
+  }
+  ASSERT_EQ(got, 2);
+  EXPECT_EQ(recv.byte_len, 40u + 9);
+  EXPECT_TRUE(recv.wc_flags & IBV_WC_GRH);
+  EXPECT_EQ(recv.src_qp, qp_->qp_num);
+  // RoCE v2 over IPv4, as the kernel lays it out: 20 undefined bytes, then the IPv4 header.
+  const auto* grh = reinterpret_cast<const ibv_grh*>(buf_.data() + 1024);
+  const auto* ip4 = reinterpret_cast<const uint8_t*>(grh) + 20;
+  EXPECT_EQ(ip4[0], 0x45);
+  EXPECT_EQ(ip4[9], 17);  // UDP
+  EXPECT_EQ(std::memcmp(ip4 + 12, gid.raw + 12, 4), 0);
+  EXPECT_EQ(std::memcmp(ip4 + 16, gid.raw + 12, 4), 0);
+  EXPECT_STREQ(buf_.data() + 1024 + 40, "datagram");
+  ibv_ah_attr back;
+  ASSERT_EQ(ibv_init_ah_from_wc(ctx_, 1, &recv, const_cast<ibv_grh*>(grh), &back), 0);
+  EXPECT_EQ(std::memcmp(&back.grh.dgid, &gid, 16), 0);
+  EXPECT_EQ(back.grh.sgid_index, 1);
+  ibv_ah* reply = ibv_create_ah_from_wc(pd_, &recv, const_cast<ibv_grh*>(grh), 1);
+  ASSERT_NE(reply, nullptr);
+  EXPECT_EQ(ibv_destroy_ah(reply), 0);
+  EXPECT_EQ(ibv_destroy_ah(ah), 0);
 }
 
 }  // namespace

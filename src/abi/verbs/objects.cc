@@ -327,6 +327,7 @@ ibv_qp* create_qp_common(Context* ctx, Pd* pd, const ibv_qp_init_attr_ex& attr) 
 }  // namespace softrdma::abi
 
 namespace core = softrdma::core;
+namespace wire = softrdma::wire;
 using namespace softrdma::abi;
 using softrdma::kEventCqErr, softrdma::kEventSrqErr, softrdma::kEventSrqLimitReached, softrdma::kEventQpFatal,
     softrdma::kEventQpReqErr, softrdma::kEventQpAccessErr, softrdma::kEventCommEst, softrdma::kEventSqDrained,
@@ -544,24 +545,60 @@ int ibv_destroy_ah(ibv_ah* ibah) {
   return 0;
 }
 
-// The AH that answers a received UD message: the source GID of its GRH, back at the sender.
+// The AH that answers a received UD message, from the 40 bytes before its payload as the kernel lays
+// them out for RoCE v2 (rdma-core's ibv_init_ah_from_wc): an IPv6 header, or for IPv4 20 undefined
+// bytes and then the IPv4 header (told apart by the version nibble and the IPv4 header checksum). The
+// peer's address becomes dgid; the local one selects sgid_index.
 int ibv_init_ah_from_wc(ibv_context* context, uint8_t port_num, ibv_wc* wc, ibv_grh* grh,
                         ibv_ah_attr* ah_attr) {
   if (port_num != 1 || !(wc->wc_flags & IBV_WC_GRH) || !grh) {
     errno = EINVAL;
     return -1;
   }
+  const auto* ip4 = reinterpret_cast<const uint8_t*>(grh) + 20;
+  const uint32_t flow = be32toh(grh->version_tclass_flow);
+  bool v4;
+  if ((flow >> 28) != 6) {
+    if ((ip4[0] >> 4) != 4) {
+      errno = EPROTONOSUPPORT;
+      return -1;
+    }
+    v4 = true;
+  } else {
+    uint32_t sum = 0;  // a valid IPv4 header sums to 0xFFFF, its checksum included
+    for (int i = 0; i < 20; i += 2) sum += static_cast<uint32_t>(ip4[i] << 8 | ip4[i + 1]);
+    while (sum >> 16) sum = (sum & 0xFFFF) + (sum >> 16);
+    v4 = ip4[0] == 0x45 && sum == 0xFFFF;
+  }
+  wire::Gid peer, local;
   *ah_attr = {};
+  if (v4) {
+    uint32_t saddr, daddr;
+    std::memcpy(&saddr, ip4 + 12, 4);
+    std::memcpy(&daddr, ip4 + 16, 4);
+    peer = wire::Gid::from_v4(saddr);
+    local = wire::Gid::from_v4(daddr);
+    ah_attr->grh.traffic_class = ip4[1];
+  } else {
+    std::memcpy(peer.raw.data(), grh->sgid.raw, 16);
+    std::memcpy(local.raw.data(), grh->dgid.raw, 16);
+    ah_attr->grh.flow_label = flow & 0xFFFFF;
+    ah_attr->grh.traffic_class = static_cast<uint8_t>((flow >> 20) & 0xFF);
+  }
+  const auto& gids = to_ctx(context)->device->info->gids;
+  size_t index = 0;
+  while (index < gids.size() && gids[index].gid != local) ++index;
+  if (index == gids.size()) {
+    errno = ENOENT;  // addressed to none of this device's GIDs
+    return -1;
+  }
   ah_attr->dlid = wc->slid;
   ah_attr->sl = wc->sl;
   ah_attr->port_num = port_num;
   ah_attr->is_global = 1;
-  ah_attr->grh.dgid = grh->sgid;
-  const uint32_t flow = be32toh(grh->version_tclass_flow);
-  ah_attr->grh.flow_label = flow & 0xFFFFF;
-  ah_attr->grh.traffic_class = static_cast<uint8_t>((flow >> 20) & 0xFF);
+  std::memcpy(ah_attr->grh.dgid.raw, peer.raw.data(), 16);
   ah_attr->grh.hop_limit = 0xFF;
-  ah_attr->grh.sgid_index = static_cast<uint8_t>(to_ctx(context)->gid_index);
+  ah_attr->grh.sgid_index = static_cast<uint8_t>(index);
   return 0;
 }
 

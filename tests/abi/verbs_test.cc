@@ -58,18 +58,18 @@ class Verbs : public ::testing::Test {
     return ibv_create_qp(pd_, &a);
   }
 
-  int to_init(ibv_qp* qp) {
+  int to_init(ibv_qp* qp, unsigned access = IBV_ACCESS_REMOTE_WRITE) {
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_INIT;
     a.pkey_index = 0;
     a.port_num = 1;
-    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+    a.qp_access_flags = access;
     return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
   }
 
   // INIT -> RTR -> RTS, connected to itself through its own GID.
-  void to_rts_self(ibv_qp* qp) {
-    ASSERT_EQ(to_init(qp), 0);
+  void to_rts_self(ibv_qp* qp, unsigned access = IBV_ACCESS_REMOTE_WRITE) {
+    ASSERT_EQ(to_init(qp, access), 0);
     ibv_gid gid;
     ASSERT_EQ(ibv_query_gid(ctx_, 1, 1, &gid), 0);
     ibv_qp_attr a{};
@@ -513,6 +513,76 @@ TEST_F(Verbs, UdReceiveCarriesGrhAndAnswersFromWc) {
   ASSERT_NE(reply, nullptr);
   EXPECT_EQ(ibv_destroy_ah(reply), 0);
   EXPECT_EQ(ibv_destroy_ah(ah), 0);
+}
+
+}  // namespace
+
+namespace {
+
+// The new post-send API on a QP connected to itself: an inline RDMA WRITE and a FETCH_AND_ADD posted by
+// one wr_complete; wr_abort posts nothing; a setter before any wr_<opcode> fails wr_complete.
+TEST_F(Verbs, QpExWorkRequests) {
+  ASSERT_EQ(ibv_dereg_mr(mr_), 0);
+  mr_ = ibv_reg_mr(pd_, buf_.data(), buf_.size(),
+                   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
+  ASSERT_NE(mr_, nullptr);
+  ibv_qp_init_attr_ex ia{};
+  ia.send_cq = cq_;
+  ia.recv_cq = cq_;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap = {16, 16, 1, 1, 64};
+  ia.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  ia.pd = pd_;
+  ia.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+  qp_ = ibv_create_qp_ex(ctx_, &ia);
+  ASSERT_NE(qp_, nullptr);
+  to_rts_self(qp_, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
+  if (HasFatalFailure()) return;
+
+  const uint64_t base = reinterpret_cast<uintptr_t>(buf_.data());
+  uint64_t counter = 10;
+  std::memcpy(buf_.data() + 3072, &counter, 8);
+  ibv_qp_ex* qpx = ibv_qp_to_qp_ex(qp_);
+  ASSERT_NE(qpx, nullptr);
+
+  ibv_wr_start(qpx);
+  ibv_wr_set_sge(qpx, mr_->lkey, base, 8);  // before any wr_<opcode>
+  EXPECT_EQ(ibv_wr_complete(qpx), EINVAL);
+  ibv_wr_start(qpx);
+  qpx->wr_id = 99;
+  qpx->wr_flags = IBV_SEND_SIGNALED;
+  ibv_wr_rdma_write(qpx, mr_->rkey, base + 2500);
+  ibv_wr_set_sge(qpx, mr_->lkey, base, 8);
+  ibv_wr_abort(qpx);
+
+  char text[] = "written inline";
+  ibv_wr_start(qpx);
+  qpx->wr_id = 1;
+  qpx->wr_flags = IBV_SEND_SIGNALED;
+  ibv_wr_rdma_write(qpx, mr_->rkey, base + 2048);
+  ibv_wr_set_inline_data(qpx, text, sizeof text);
+  text[0] = 'X';  // the data was taken at the call
+  qpx->wr_id = 2;
+  ibv_wr_atomic_fetch_add(qpx, mr_->rkey, base + 3072, 5);
+  ibv_wr_set_sge(qpx, mr_->lkey, base + 3080, 8);
+  ASSERT_EQ(ibv_wr_complete(qpx), 0);
+
+  std::vector<uint64_t> ids;
+  for (int spins = 0; ids.size() < 2 && spins < 50000000; ++spins) {
+    ibv_wc wc;
+    if (ibv_poll_cq(cq_, 1, &wc) != 1) continue;
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
+    ids.push_back(wc.wr_id);
+  }
+  ASSERT_EQ(ids, (std::vector<uint64_t>{1, 2}));
+  EXPECT_STREQ(buf_.data() + 2048, "written inline");
+  uint64_t now, orig;
+  std::memcpy(&now, buf_.data() + 3072, 8);
+  std::memcpy(&orig, buf_.data() + 3080, 8);
+  EXPECT_EQ(now, 15u);
+  EXPECT_EQ(orig, 10u);
+  ibv_wc wc;
+  EXPECT_EQ(ibv_poll_cq(cq_, 1, &wc), 0);  // the aborted WRITE never ran
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <vector>
 
 #include "core/context.h"
@@ -93,7 +94,7 @@ struct Qp {
   ibv_qp_ex qpx;  // begins with ibv_qp
   core::Qp* core;
   // wr_start .. wr_complete
-  std::vector<PendingWr> pending;
+  std::deque<PendingWr> pending;  // a deque: an inline SGE points into its element, which must not move
   size_t npending = 0;
   int wr_err = 0;
 };

@@ -296,12 +296,15 @@ bool Context::drive_from_app() {
   thread_local uint32_t polls = 0;
   tx.sink = backend_;
   // A polling loop calls this millions of times a second; reading the clock each time cost 6% of the
-  // CPU in rc-bench's profile. Every 16th call is fresh enough for the "application is polling" mark and
-  // for deciding whether timers are due (drive reads the clock itself when packets arrive).
-  if ((polls++ & 15) == 0 || !t) {
-    t = now();
-    app_drive_ns_.store(t, std::memory_order_relaxed);
-  }
+  // CPU in rc-bench's profile. Every 16th call is fresh enough for the "application is busy-polling" mark
+  // and for deciding whether timers are due (drive reads the clock itself when packets arrive).
+  if ((polls++ & 15) == 0 || !t) t = now();
+  // Busy-polling: a run of empty polls with no completion in between (a waiting loop). An application
+  // that polls once now and then (ib_write_lat polls once per iteration, then spins on memory) is not
+  // one: the progress thread must keep receiving for it.
+  const uint32_t empty = app_empty_polls_.load(std::memory_order_relaxed) + 1;
+  app_empty_polls_.store(empty, std::memory_order_relaxed);
+  if (empty >= kBusyPollRun && (polls & 15) == 1) app_drive_ns_.store(t, std::memory_order_relaxed);
   return drive(tx, t, false) > 0;
 }
 

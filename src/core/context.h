@@ -81,6 +81,10 @@ class Context {
     return now - app_drive_ns_.load(std::memory_order_relaxed) < ns;
   }
   void clear_app_driving() { app_drive_ns_.store(0, std::memory_order_relaxed); }
+  // A poll found completions: the run of empty polls that marks a busy-polling thread starts again.
+  void app_polled_something() {
+    if (app_empty_polls_.load(std::memory_order_relaxed)) app_empty_polls_.store(0, std::memory_order_relaxed);
+  }
   // From an application thread: drives progress with a batch of its own if no one else is.
   bool drive_from_app();
 
@@ -117,7 +121,10 @@ class Context {
   std::atomic<uint32_t> qp_count_{0};
   std::atomic<uint64_t> driver_gen_{0};
   std::atomic<bool> driving_{false};       // one receiver at a time (io backends allow one rx caller)
-  std::atomic<Nanos> app_drive_ns_{0};
+  std::atomic<Nanos> app_drive_ns_{0};  // when an application thread was last seen busy-polling
+  static constexpr uint32_t kBusyPollRun = 64;
+  // A hint, not a count: threads may lose each other's updates (relaxed load and store, no RMW).
+  std::atomic<uint32_t> app_empty_polls_{0};
   std::atomic<Nanos> next_tick_{0};  // odd while rx_burst or tick runs (destroy_qp waits it out)
   uint16_t next_virtual_port_ = 0xC000;  // standard mode: QPN blocks not tied to sockets
 

@@ -161,7 +161,11 @@ bool Cq::push(const Wc& wc, bool solicited) {
 int Cq::poll(std::span<Wc> out) {
   uint32_t n = take(out);
   // An empty CQ: the caller is likely busy-polling, so let it run the receive path itself.
-  if (n == 0 && !out.empty() && ctx_->drive_from_app()) n = take(out);
+  if (n != 0) {
+    ctx_->app_polled_something();
+  } else if (!out.empty() && ctx_->drive_from_app()) {
+    n = take(out);
+  }
   return static_cast<int>(n);
 }
 

@@ -10,14 +10,14 @@ export LD_LIBRARY_PATH=$libdir
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
-timeout 90 "$prog" -d sr_lo -x 1 -p "$port" "$@" >"$out/server" 2>&1 &
+timeout 90 stdbuf -oL -eL "$prog" -d sr_lo -x 1 -p "$port" "$@" >"$out/server" 2>&1 &
 server=$!
 hexport=$(printf '%04X' "$port")
 for _ in $(seq 100); do
   grep -qs ":$hexport [0-9A-F:]* 0A " /proc/net/tcp /proc/net/tcp6 && break
   sleep 0.1
 done
-timeout 90 "$prog" -d sr_lo -x 1 -p "$port" "$@" 127.0.0.1 >"$out/client" 2>&1
+timeout 90 stdbuf -oL -eL "$prog" -d sr_lo -x 1 -p "$port" "$@" 127.0.0.1 >"$out/client" 2>&1
 client_rc=$?
 wait "$server"
 server_rc=$?

@@ -134,6 +134,11 @@ class Cq {
   int poll(std::span<Wc> out);
   int req_notify(bool solicited_only);
   uint32_t capacity() const { return cap_; }
+  // Completions waiting to be polled.
+  uint32_t pending() const {
+    std::lock_guard g(lock_);
+    return static_cast<uint32_t>(tail_ - head_);
+  }
   bool overflowed() const { return overflow_.load(std::memory_order_relaxed); }
   Context* ctx() const { return ctx_; }
   CompChannel* channel() const { return channel_; }
@@ -149,7 +154,7 @@ class Cq {
   uint32_t cap_;
   uint32_t mask_;
   std::vector<Wc> ring_;
-  SpinLock lock_;
+  mutable SpinLock lock_;
   uint64_t head_ = 0;  // next to poll
   uint64_t tail_ = 0;  // next to fill
   std::atomic<uint8_t> armed_{0};  // 0 off, 1 any completion, 2 solicited only

@@ -362,11 +362,16 @@ struct Responder {
 
     r.last_opcode = oi.any(kEnd) ? 0xFF : pkt.opcode();
     r.psn = psn_add(psn, 1);
-    if (oi.any(kEnd)) {
-      r.msn = (r.msn + 1) & 0xFFFFFF;
-      if (oi.has(kRecvComp)) complete_message();
+    if (oi.any(kEnd)) r.msn = (r.msn + 1) & 0xFFFFFF;
+    const bool recv_comp = oi.any(kEnd) && oi.has(kRecvComp);
+    if (rc && pkt.ack_req()) {
+      // A message the application will see: its ACK leaves before the completion appears, as a NIC's
+      // does, so the application's answer never overtakes it (ib_send_lat -e waits for the send
+      // completion and the answer in that order, on one channel, and stalled when they crossed).
+      send_ack(make_syndrome(AckType::kAck, kAckUnlimitedCredit), psn, recv_comp);
+      if (recv_comp) tx.flush();
     }
-    if (rc && pkt.ack_req()) send_ack(make_syndrome(AckType::kAck, kAckUnlimitedCredit), psn, false);
+    if (recv_comp) complete_message();
   }
 
   void read_request(uint32_t psn) {

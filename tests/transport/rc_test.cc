@@ -324,3 +324,33 @@ TEST(Rc, SgeLists) {
 
 }  // namespace
 }  // namespace softrdma::test
+
+namespace softrdma::test {
+namespace {
+
+// The ACK of a message that produces a receive completion leaves before that completion can be polled,
+// as a NIC's does: an application answering at once never overtakes it (ib_send_lat -e relies on it).
+TEST(Rc, AckLeavesBeforeTheReceiveCompletion) {
+  Harness h;
+  ASSERT_EQ(h.post_recv(h.b, 1, 0, 64), 0);
+  int acks = 0, acks_after_cqe = 0;
+  h.net_.drop_if = [&](uint64_t, std::span<const uint8_t> f) {
+    if (f[0] == wire::opcode(wire::Transport::kRc, wire::kOpAcknowledge)) {
+      ++acks;
+      if (h.b.rcq->pending() != 0) ++acks_after_cqe;
+    }
+    return false;
+  };
+  ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kSend, 0, 8, 7)), 0);
+  std::vector<Wc> s;
+  ASSERT_TRUE(h.run([&] {
+    for (auto& w : h.a.poll(h.a.scq)) s.push_back(w);
+    return !s.empty();
+  }));
+  EXPECT_EQ(acks, 1);
+  EXPECT_EQ(acks_after_cqe, 0);
+  EXPECT_EQ(h.b.rcq->pending(), 1u);
+}
+
+}  // namespace
+}  // namespace softrdma::test

@@ -373,19 +373,6 @@ constexpr const char* kUsage =
     "  --timeout T         the QP's local ACK timeout, 4.096 us x 2^T (default 14 = 67 ms; 1..31)\n"
     "  -v, --verbose       print every non-zero counter of each side's context at the end\n";
 
-// A non-negative number with an optional k/m suffix; false if it is not one.
-bool parse_number(const char* text, uint64_t* out) {
-  char* end = nullptr;
-  errno = 0;
-  if (*text < '0' || *text > '9') return false;
-  unsigned long long v = std::strtoull(text, &end, 10);
-  if (errno) return false;
-  if (*end == 'k' || *end == 'K') v <<= 10, ++end;
-  else if (*end == 'm' || *end == 'M') v <<= 20, ++end;
-  if (*end) return false;
-  *out = v;
-  return true;
-}
 
 int main(int argc, char** argv) {
   Options o;
@@ -400,13 +387,13 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "-d") == 0 && has_value) {
       o.dev = argv[++i];
     } else if (std::strcmp(argv[i], "--max-size") == 0 && has_value) {
-      if (!parse_number(argv[++i], &v) || v < 1 || v > kMaxMaxSize) return usage_error("--max-size", argv[i]);
+      if (!parse_size(argv[++i], &v) || v < 1 || v > kMaxMaxSize) return usage_error("--max-size", argv[i]);
       o.max_size = v;
     } else if (std::strcmp(argv[i], "--atomics") == 0 && has_value) {
-      if (!parse_number(argv[++i], &v) || v > 100'000'000) return usage_error("--atomics", argv[i]);
+      if (!parse_size(argv[++i], &v) || v > 100'000'000) return usage_error("--atomics", argv[i]);
       o.atomics = v;
     } else if (std::strcmp(argv[i], "--timeout") == 0 && has_value) {
-      if (!parse_number(argv[++i], &v) || v < 1 || v > 31) return usage_error("--timeout", argv[i]);
+      if (!parse_size(argv[++i], &v) || v < 1 || v > 31) return usage_error("--timeout", argv[i]);
       o.timeout = static_cast<uint8_t>(v);
     } else if (std::strcmp(argv[i], "-v") == 0 || std::strcmp(argv[i], "--verbose") == 0) {
       o.verbose = true;
@@ -417,40 +404,7 @@ int main(int argc, char** argv) {
       args.push_back(argv[i]);
     }
   }
-  if (!args.empty() && args[0] == "server" && args.size() == 1) {
-    uint16_t port = 0;
-    const int lfd = or_exit(listen_tcp("0.0.0.0", &port), "listen");
-    std::printf("listening on 0.0.0.0:%u\n", port);
-    std::fflush(stdout);
-    return server(o, lfd, -1);
-  }
-  if (args.size() == 3 && args[0] == "client") {
-    uint64_t port = 0;
-    if (!parse_number(args[2].c_str(), &port) || port < 1 || port > 65535) return usage_error("port", args[2].c_str());
-    return client(o, args[1].c_str(), static_cast<uint16_t>(port));
-  }
-  if (!args.empty()) {
-    std::fprintf(stderr, "%s", kUsage);
-    return 2;
-  }
-  // Both sides: the server in a child process.
-  uint16_t port = 0;
-  const int lfd = or_exit(listen_tcp("127.0.0.1", &port), "listen");
-  int ready[2];
-  if (pipe(ready)) exit_with("pipe", errno);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(ready[0]);
-    _exit(server(o, lfd, ready[1]));
-  }
-  close(ready[1]);
-  char c;
-  [[maybe_unused]] ssize_t n = read(ready[0], &c, 1);
-  close(lfd);
-  const int rc = client(o, "127.0.0.1", port);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  const bool server_ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  if (!server_ok) std::fprintf(stderr, "softrdma-demo: the server failed\n");
-  return rc == 0 && server_ok ? 0 : 1;
+  return run_sides(
+      args, kUsage, [&o](int lfd, int ready_fd) { return server(o, lfd, ready_fd); },
+      [&o](const char* host, uint16_t port) { return client(o, host, port); });
 }

@@ -113,18 +113,6 @@ uint64_t mismatches(const uint8_t* p, uint32_t n, uint64_t seed, std::vector<uin
   return bad;
 }
 
-[[noreturn]] void die(const char* what, int err) {
-  std::fprintf(stderr, "softrdma-soak: %s: %s\n", what, std::strerror(err));
-  std::exit(1);
-}
-template <typename T>
-T check(Result<T> r, const char* what) {
-  if (!r) die(what, r.error());
-  return std::move(*r);
-}
-void check(Result<void> r, const char* what) {
-  if (!r) die(what, r.error());
-}
 
 // ---- Server ----
 
@@ -152,27 +140,27 @@ struct Common {
   std::vector<PeerInfo> mine, peer;
 
   void open(const std::string& dev, uint32_t nqps, uint64_t bytes) {
-    ctx = check(Context::open(dev), "open device");
-    pd = check(ctx->alloc_pd(), "alloc_pd");
-    cq = check(ctx->create_cq(4 * kMaxQps * kRecvDepth), "create_cq");
+    ctx = or_exit(Context::open(dev), "open device");
+    pd = or_exit(ctx->alloc_pd(), "alloc_pd");
+    cq = or_exit(ctx->create_cq(4 * kMaxQps * kRecvDepth), "create_cq");
     buf.assign(bytes, 0);
-    mr = check(pd->reg_mr(buf.data(), buf.size(), kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic),
+    mr = or_exit(pd->reg_mr(buf.data(), buf.size(), kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic),
                "reg_mr");
     for (uint32_t q = 0; q < nqps; ++q) {
       QpInit init;
       init.send_cq = init.recv_cq = cq.get();
       init.cap = {16, kRecvDepth, 1, 1, 64};
-      qps.push_back(check(pd->create_qp(init), "create_qp"));
+      qps.push_back(or_exit(pd->create_qp(init), "create_qp"));
       mine.push_back(local_info(*ctx, *qps.back(), mr.get()));
     }
   }
   void exchange_all(int fd) {
-    for (auto& m : mine) peer.push_back(check(exchange(fd, m), "exchange"));
+    for (auto& m : mine) peer.push_back(or_exit(exchange(fd, m), "exchange"));
   }
   void connect_all(uint8_t timeout) {
     ConnectOptions opt;
     opt.timeout = timeout;
-    for (size_t q = 0; q < qps.size(); ++q) check(connect_qp(*ctx, *qps[q], mine[q], peer[q], opt), "connect_qp");
+    for (size_t q = 0; q < qps.size(); ++q) or_exit(connect_qp(*ctx, *qps[q], mine[q], peer[q], opt), "connect_qp");
   }
 };
 
@@ -186,12 +174,12 @@ int server(const Options& o, int lfd, int ready_fd) {
     [[maybe_unused]] ssize_t n = write(ready_fd, &c, 1);
     close(ready_fd);
   }
-  const int fd = check(accept_tcp(lfd), "accept");
+  const int fd = or_exit(accept_tcp(lfd), "accept");
   Hello hello;
-  check(recv_all(fd, &hello, sizeof hello), "side channel");
+  or_exit(recv_all(fd, &hello, sizeof hello), "side channel");
   if (hello.magic != Hello{}.magic || hello.qps == 0 || hello.qps > kMaxQps || hello.max_size == 0 ||
       hello.max_size > kMaxMaxSize)
-    die("a client that does not speak soak", EPROTO);
+    exit_with("a client that does not speak soak", EPROTO);
   const ServerLayout L{hello.max_size};
   Common s;
   s.open(o.dev, hello.qps, L.total(hello.qps));
@@ -201,11 +189,11 @@ int server(const Options& o, int lfd, int ready_fd) {
   for (uint32_t q = 0; q < hello.qps; ++q) {
     for (uint32_t i = 0; i < kRecvDepth; ++i) {
       Sge sge = s.mr->sge(L.recv_buf(q, i), static_cast<uint32_t>(L.m));
-      check(s.qps[q]->post_recv(RecvWr{uint64_t{q} << 16 | i, std::span(&sge, 1)}), "post_recv");
+      or_exit(s.qps[q]->post_recv(RecvWr{uint64_t{q} << 16 | i, std::span(&sge, 1)}), "post_recv");
     }
   }
   char go = 1;
-  check(send_all(fd, &go, 1), "side channel");
+  or_exit(send_all(fd, &go, 1), "side channel");
 
   // Per QP, the number of the next message it must receive: round = n / 3, kind = n % 3.
   std::vector<uint64_t> next(hello.qps, 0), want;
@@ -265,7 +253,7 @@ int server(const Options& o, int lfd, int ready_fd) {
       pollfd pfd{fd, POLLIN, 0};
       if (poll(&pfd, 1, 0) == 1) {
         want.resize(hello.qps);
-        check(recv_all(fd, want.data(), want.size() * sizeof want[0]), "side channel");
+        or_exit(recv_all(fd, want.data(), want.size() * sizeof want[0]), "side channel");
         client_done = true;
         drain_deadline = Clock::now() + std::chrono::seconds(kDrainSeconds);
       }
@@ -283,7 +271,7 @@ int server(const Options& o, int lfd, int ready_fd) {
     }
   }
   copy_counters(s.ctx->counters(), rep.counters);
-  check(send_all(fd, &rep, sizeof rep), "side channel");
+  or_exit(send_all(fd, &rep, sizeof rep), "side channel");
   char bye;
   (void)recv_all(fd, &bye, 1);
   close(fd);
@@ -311,11 +299,11 @@ struct QpState {
 };
 
 int client(const Options& o, const char* host, uint16_t port) {
-  const int fd = check(connect_tcp(host, port), "connect");
+  const int fd = or_exit(connect_tcp(host, port), "connect");
   Hello hello;
   hello.qps = o.qps;
   hello.max_size = o.max_size;
-  check(send_all(fd, &hello, sizeof hello), "side channel");
+  or_exit(send_all(fd, &hello, sizeof hello), "side channel");
   const uint64_t M = o.max_size;
   const uint64_t per_qp = 2 * M + 64;
   const ServerLayout R{M};
@@ -324,7 +312,7 @@ int client(const Options& o, const char* host, uint16_t port) {
   c.exchange_all(fd);
   c.connect_all(o.timeout);
   char go;
-  check(recv_all(fd, &go, 1), "side channel");
+  or_exit(recv_all(fd, &go, 1), "side channel");
   std::printf("softrdma-soak: %s at %s, %u RC QPs, sizes 1 B .. %lu B, up to %lu rounds or %.0f s, timeout %u\n",
               c.ctx->device().name.c_str(), c.ctx->gid().to_string().c_str(), o.qps, (unsigned long)M,
               (unsigned long)o.ops, o.seconds, o.timeout);
@@ -494,7 +482,7 @@ int client(const Options& o, const char* host, uint16_t port) {
     rd.sg_list = std::span(&sge, 1);
     rd.remote_addr = c.peer[q].addr + R.counter(q);
     rd.rkey = c.peer[q].rkey;
-    check(c.qps[q]->post_send(rd), "post_send");
+    or_exit(c.qps[q]->post_send(rd), "post_send");
     Wc w;
     const auto deadline = Clock::now() + stall_limit;
     int got = 0;
@@ -512,9 +500,9 @@ int client(const Options& o, const char* host, uint16_t port) {
 
   std::vector<uint64_t> want(o.qps);
   for (uint32_t q = 0; q < o.qps; ++q) want[q] = st[q].sent_msgs;
-  check(send_all(fd, want.data(), want.size() * sizeof want[0]), "side channel");
+  or_exit(send_all(fd, want.data(), want.size() * sizeof want[0]), "side channel");
   Report rep;
-  check(recv_all(fd, &rep, sizeof rep), "side channel");
+  or_exit(recv_all(fd, &rep, sizeof rep), "side channel");
   char bye = 1;
   (void)send_all(fd, &bye, 1);
   close(fd);
@@ -577,18 +565,6 @@ constexpr const char* kUsage =
     "  --self-test         flip a bit of one SEND on purpose: the run must then fail (checks the checker)\n"
     "Faults: run under SOFTRDMA_FAULTS (see README, Settings). Exit status 0 only if nothing went wrong.\n";
 
-bool parse_number(const char* text, uint64_t* out) {
-  char* end = nullptr;
-  errno = 0;
-  if (*text < '0' || *text > '9') return false;
-  unsigned long long v = std::strtoull(text, &end, 10);
-  if (errno) return false;
-  if (*end == 'k' || *end == 'K') v <<= 10, ++end;
-  else if (*end == 'm' || *end == 'M') v <<= 20, ++end;
-  if (*end) return false;
-  *out = v;
-  return true;
-}
 
 }  // namespace
 
@@ -605,20 +581,20 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "-d") == 0 && has_value) {
       o.dev = argv[++i];
     } else if (std::strcmp(argv[i], "--qps") == 0 && has_value) {
-      if (!parse_number(argv[++i], &v) || v < 1 || v > kMaxQps) return bad("--qps", argv[i]);
+      if (!parse_size(argv[++i], &v) || v < 1 || v > kMaxQps) return bad("--qps", argv[i]);
       o.qps = static_cast<uint32_t>(v);
     } else if (std::strcmp(argv[i], "--ops") == 0 && has_value) {
-      if (!parse_number(argv[++i], &v) || v < 1) return bad("--ops", argv[i]);
+      if (!parse_size(argv[++i], &v) || v < 1) return bad("--ops", argv[i]);
       o.ops = v;
     } else if (std::strcmp(argv[i], "--seconds") == 0 && has_value) {
       char* end = nullptr;
       o.seconds = std::strtod(argv[++i], &end);
       if (*end || !(o.seconds > 0) || o.seconds > 86400) return bad("--seconds", argv[i]);
     } else if (std::strcmp(argv[i], "--max-size") == 0 && has_value) {
-      if (!parse_number(argv[++i], &v) || v < 1 || v > kMaxMaxSize) return bad("--max-size", argv[i]);
+      if (!parse_size(argv[++i], &v) || v < 1 || v > kMaxMaxSize) return bad("--max-size", argv[i]);
       o.max_size = v;
     } else if (std::strcmp(argv[i], "--timeout") == 0 && has_value) {
-      if (!parse_number(argv[++i], &v) || v < 1 || v > 31) return bad("--timeout", argv[i]);
+      if (!parse_size(argv[++i], &v) || v < 1 || v > 31) return bad("--timeout", argv[i]);
       o.timeout = static_cast<uint8_t>(v);
     } else if (std::strcmp(argv[i], "-v") == 0) {
       o.verbose = true;
@@ -631,40 +607,7 @@ int main(int argc, char** argv) {
       args.push_back(argv[i]);
     }
   }
-  if (args.size() == 1 && args[0] == "server") {
-    uint16_t port = 0;
-    const int lfd = check(listen_tcp("0.0.0.0", &port), "listen");
-    std::printf("listening on 0.0.0.0:%u\n", port);
-    std::fflush(stdout);
-    return server(o, lfd, -1);
-  }
-  if (args.size() == 3 && args[0] == "client") {
-    uint64_t port = 0;
-    if (!parse_number(args[2].c_str(), &port) || port < 1 || port > 65535) return bad("port", args[2].c_str());
-    return client(o, args[1].c_str(), static_cast<uint16_t>(port));
-  }
-  if (!args.empty()) {
-    std::fprintf(stderr, "%s", kUsage);
-    return 2;
-  }
-  uint16_t port = 0;
-  const int lfd = check(listen_tcp("127.0.0.1", &port), "listen");
-  int ready[2];
-  if (pipe(ready)) die("pipe", errno);
-  std::fflush(stdout);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(ready[0]);
-    _exit(server(o, lfd, ready[1]));
-  }
-  close(ready[1]);
-  char ch;
-  [[maybe_unused]] ssize_t n = read(ready[0], &ch, 1);
-  close(lfd);
-  const int rc = client(o, "127.0.0.1", port);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  const bool server_ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  if (!server_ok) std::fprintf(stderr, "softrdma-soak: the server failed\n");
-  return rc == 0 && server_ok ? 0 : 1;
+  return run_sides(
+      args, kUsage, [&o](int lfd, int ready_fd) { return server(o, lfd, ready_fd); },
+      [&o](const char* host, uint16_t port) { return client(o, host, port); });
 }

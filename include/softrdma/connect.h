@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "softrdma/softrdma.h"
 
@@ -55,5 +57,18 @@ T or_exit(Result<T> r, const char* what) {
 inline void or_exit(Result<void> r, const char* what) {
   if (!r) exit_with(what, r.error());
 }
+
+// A non-negative number with an optional k/m suffix (x 1024, x 1048576); false if `text` is not one.
+bool parse_size(const char* text, uint64_t* out);
+
+// The main() of a two-sided example program (the demo, the soak):
+//   {"server"}              listens on every address, prints "listening on 0.0.0.0:PORT", runs `server`;
+//   {"client", HOST, PORT}  runs `client`;
+//   {}                      both on 127.0.0.1, the server in a child process.
+// server(listen_fd, ready_fd) writes a byte to ready_fd (-1 when alone) once it can accept. Returns the
+// exit status (2 with `usage` on stderr for other arguments).
+int run_sides(const std::vector<std::string>& args, const char* usage,
+              const std::function<int(int listen_fd, int ready_fd)>& server,
+              const std::function<int(const char* host, uint16_t port)>& client);
 
 }  // namespace softrdma

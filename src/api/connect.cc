@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -156,6 +157,71 @@ Result<void> connect_qp(const Context& ctx, QueuePair& qp, const PeerInfo& mine,
   mask = kQpState | kQpSqPsn;
   if (rc) mask |= kQpTimeout | kQpRetryCnt | kQpRnrRetry | kQpMaxQpRdAtomic;
   return qp.modify(a, mask);
+}
+
+bool parse_size(const char* text, uint64_t* out) {
+  char* end = nullptr;
+  errno = 0;
+  if (*text < '0' || *text > '9') return false;
+  unsigned long long v = std::strtoull(text, &end, 10);
+  if (errno) return false;
+  if (*end == 'k' || *end == 'K') {
+    v <<= 10;
+    ++end;
+  } else if (*end == 'm' || *end == 'M') {
+    v <<= 20;
+    ++end;
+  }
+  if (*end) return false;
+  *out = v;
+  return true;
+}
+
+int run_sides(const std::vector<std::string>& args, const char* usage,
+              const std::function<int(int listen_fd, int ready_fd)>& server,
+              const std::function<int(const char* host, uint16_t port)>& client) {
+  if (args.size() == 1 && args[0] == "server") {
+    uint16_t port = 0;
+    const int lfd = or_exit(listen_tcp("0.0.0.0", &port), "listen");
+    std::printf("listening on 0.0.0.0:%u\n", port);
+    std::fflush(stdout);
+    return server(lfd, -1);
+  }
+  if (args.size() == 3 && args[0] == "client") {
+    uint64_t port = 0;
+    if (!parse_size(args[2].c_str(), &port) || port < 1 || port > 65535) {
+      std::fprintf(stderr, "%s: bad port '%s'\n%s", program_invocation_short_name, args[2].c_str(), usage);
+      return 2;
+    }
+    return client(args[1].c_str(), static_cast<uint16_t>(port));
+  }
+  if (!args.empty()) {
+    std::fprintf(stderr, "%s", usage);
+    return 2;
+  }
+  // Both sides: the server in a child process, the client once the server can accept.
+  uint16_t port = 0;
+  const int lfd = or_exit(listen_tcp("127.0.0.1", &port), "listen");
+  int ready[2];
+  if (pipe(ready)) exit_with("pipe", errno);
+  std::fflush(stdout);
+  const pid_t pid = fork();
+  if (pid < 0) exit_with("fork", errno);
+  if (pid == 0) {
+    close(ready[0]);
+    _exit(server(lfd, ready[1]));
+  }
+  close(ready[1]);
+  char c;
+  [[maybe_unused]] ssize_t n = read(ready[0], &c, 1);
+  close(ready[0]);
+  close(lfd);
+  const int rc = client("127.0.0.1", port);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  const bool server_ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  if (!server_ok) std::fprintf(stderr, "%s: the server failed\n", program_invocation_short_name);
+  return rc == 0 && server_ok ? 0 : 1;
 }
 
 }  // namespace softrdma

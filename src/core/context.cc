@@ -126,7 +126,6 @@ std::expected<Qp*, int> Context::create_qp(Pd* pd, const QpInitAttr& init) {
   init.send_cq->users.fetch_add(1);
   init.recv_cq->users.fetch_add(1);
   if (init.srq) init.srq->users.fetch_add(1);
-  qp_count_.fetch_add(1);
   return qp;
 }
 
@@ -146,7 +145,6 @@ int Context::destroy_qp(Qp* qp) {
   init.send_cq->users.fetch_sub(1);
   init.recv_cq->users.fetch_sub(1);
   if (init.srq) init.srq->users.fetch_sub(1);
-  qp_count_.fetch_sub(1);
   delete qp;
   return 0;
 }

@@ -118,7 +118,6 @@ class Context {
   std::unique_ptr<std::atomic<QpBlock*>[]> blocks_;  // by QPN >> 8
   std::vector<uint16_t> ports_;                      // opened ports with free QPN slots
   std::vector<Qp*> qps_;                             // every QP, for the timer scan
-  std::atomic<uint32_t> qp_count_{0};
   std::atomic<uint64_t> driver_gen_{0};
   std::atomic<bool> driving_{false};       // one receiver at a time (io backends allow one rx caller)
   std::atomic<Nanos> app_drive_ns_{0};  // when an application thread was last seen busy-polling

@@ -103,7 +103,6 @@ struct ReqState {
 struct CompState {
   uint32_t psn = 0;      // oldest unacknowledged PSN
   uint64_t wqe = 0;      // oldest WQE not yet completed
-  uint32_t read_bytes = 0;  // bytes of READ response data placed for the WQE at `wqe`
   uint8_t retry_left = 0;
   uint8_t rnr_left = 0;
   Nanos retrans_deadline = 0;  // 0 = not armed
@@ -195,9 +194,6 @@ class Qp {
   // the first WR not posted.
   int post_send(std::span<const SendWr> wrs, size_t* bad);
   int post_recv(std::span<const RecvWr> wrs, size_t* bad);
-
-  // Set by the context: called when the QP has work for the transmit path or a timer.
-  bool on_active_list = false;
 
  private:
   friend class Transport;

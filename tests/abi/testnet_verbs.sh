@@ -12,34 +12,18 @@ LIBDIR=$(readlink -f "$1")
 DROP=$2
 PROG=$3
 shift 3
-TESTNET=$(cd "$(dirname "$0")/../e2e" && pwd)/testnet
+E2E=$(cd "$(dirname "$0")/../e2e" && pwd)
+TESTNET=$E2E/testnet
 SKIP=77
-if [[ $(id -u) -ne 0 ]]; then echo "SKIP: network namespaces need root"; exit $SKIP; fi
-if ! ip netns list >/dev/null 2>&1; then echo "SKIP: ip netns is unavailable"; exit $SKIP; fi
-if [[ $DROP != 0 ]] && ! command -v nft >/dev/null; then echo "SKIP: nftables is not installed"; exit $SKIP; fi
+source "$E2E/testnet_lib.sh"
+if [[ $DROP != 0 ]]; then testnet_require nft; else testnet_require; fi
 command -v "$PROG" >/dev/null || { echo "SKIP: $PROG is not installed"; exit $SKIP; }
 case $PROG in
   ib_*) GIDOPT=-x ;;
   *) GIDOPT=-g ;;
 esac
 
-# Hosts of killed runs of this script (their PID is gone) are removed first; then ours: PREFIX abNNN.
-for ns in $(ip netns list | awk '{print $1}' | grep -E '^ab[0-9]+-(h[0-9]+|sw)$' || true); do
-  prefix=${ns%-*}
-  if ! kill -0 "${prefix#ab}" 2>/dev/null; then TESTNET_PREFIX=$prefix "$TESTNET" down >/dev/null 2>&1 || true; fi
-done
-export TESTNET_PREFIX=ab$$
-WORK=$(mktemp -d /tmp/abi-testnet.XXXXXX)
-SERVER_PID=
-cleanup() {
-  if [[ -n $SERVER_PID ]]; then kill "$SERVER_PID" 2>/dev/null || true; fi
-  "$TESTNET" down >/dev/null 2>&1 || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-
-"$TESTNET" up 2
+testnet_session ab
 if [[ $DROP != 0 ]]; then "$TESTNET" drop h2 "$DROP"; fi
 PORT=18515
 "$TESTNET" exec h1 env LD_LIBRARY_PATH="$LIBDIR" timeout 120 "$PROG" -d sr_eth0 $GIDOPT 1 -p $PORT "$@" \

@@ -30,31 +30,9 @@ esac
 LIMIT=${TESTNET_DEMO_TIMEOUT:-$LIMIT}
 read -r -a EXTRA <<<"${TESTNET_DEMO_ARGS:-}"
 
-if [[ $(id -u) -ne 0 ]]; then echo "SKIP: network namespaces need root"; exit $SKIP; fi
-if ! ip netns list >/dev/null 2>&1; then echo "SKIP: ip netns is unavailable"; exit $SKIP; fi
-if [[ -n $DROP ]] && ! command -v nft >/dev/null; then echo "SKIP: nftables (nft) is not installed"; exit $SKIP; fi
-
-# Namespaces are PREFIX-h1, the veth ends PREFIXv1/PREFIXp1: at most 15 characters, so keep it short.
-# The prefix ends with this shell's PID: first remove the hosts of runs of this script that were killed
-# before their trap ran (a ctest TIMEOUT kills with SIGKILL), i.e. whose PID is gone.
-for ns in $(ip netns list | awk '{print $1}' | grep -E '^e2(m15|m90|d1|d5)[0-9]+-(h[0-9]+|sw)$' || true); do
-  prefix=${ns%-*}
-  pid=${prefix#e2}
-  pid=${pid#m15}; pid=${pid#m90}; pid=${pid#d1}; pid=${pid#d5}
-  if ! kill -0 "$pid" 2>/dev/null; then TESTNET_PREFIX=$prefix "$TESTNET" down >/dev/null 2>&1 || true; fi
-done
-export TESTNET_PREFIX=e2$CODE$$
-WORK=$(mktemp -d /tmp/e2e-testnet.XXXXXX)
-SERVER_PID=
-cleanup() {
-  if [[ -n $SERVER_PID ]]; then kill "$SERVER_PID" 2>/dev/null || true; fi
-  "$TESTNET" down >/dev/null 2>&1 || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-
-"$TESTNET" up 2
+source "$HERE/testnet_lib.sh"
+testnet_require ${DROP:+nft}
+testnet_session "e2$CODE"
 if [[ -n $MTU ]]; then "$TESTNET" mtu "$MTU"; fi
 if [[ -n $DROP ]]; then "$TESTNET" drop h2 "$DROP"; fi
 if ! "$TESTNET" exec h1 "$(dirname "$DEMO")/softrdma" devices | grep -q "GID\[  1\]:.*198\.18\.0\.1"; then
@@ -64,19 +42,10 @@ if ! "$TESTNET" exec h1 "$(dirname "$DEMO")/softrdma" devices | grep -q "GID\[  
 fi
 
 start=$(date +%s.%N)
-"$TESTNET" exec h1 timeout "$LIMIT" "$DEMO" server -d sr_eth0 --max-size "$MAX" -v "${EXTRA[@]}" >"$WORK/server.out" 2>&1 &
-SERVER_PID=$!
-port=
-for _ in $(seq 100); do
-  port=$(sed -n 's/^listening on 0\.0\.0\.0:\([0-9]*\)$/\1/p' "$WORK/server.out" 2>/dev/null || true)
-  [[ -n $port ]] && break
-  kill -0 "$SERVER_PID" 2>/dev/null || break
-  sleep 0.05
-done
-if [[ -z $port ]]; then cat "$WORK/server.out"; echo "FAIL: the server printed no port"; exit 1; fi
+testnet_server timeout "$LIMIT" "$DEMO" server -d sr_eth0 --max-size "$MAX" -v "${EXTRA[@]}"
 
 client_rc=0
-"$TESTNET" exec h2 timeout "$LIMIT" "$DEMO" client 198.18.0.1 "$port" -d sr_eth0 --max-size "$MAX" \
+"$TESTNET" exec h2 timeout "$LIMIT" "$DEMO" client 198.18.0.1 "$PORT" -d sr_eth0 --max-size "$MAX" \
   --atomics "$ATOMICS" -v "${EXTRA[@]}" >"$WORK/client.out" 2>&1 || client_rc=$?
 server_rc=0
 wait "$SERVER_PID" || server_rc=$?

@@ -6,7 +6,7 @@
 #
 #   testnet_soak.sh SOAK PCT [SOAK OPTIONS...]
 #
-# Its own TESTNET_PREFIX (e2s<PCT><PID>), hosts always torn down. Exits 77 (skip) without root, `ip netns`
+# Its own TESTNET_PREFIX (e2s<PCT>p<PID>), hosts always torn down. Exits 77 (skip) without root, `ip netns`
 # or nftables.
 set -euo pipefail
 SOAK=$(readlink -f "$1")
@@ -17,43 +17,15 @@ TESTNET=$HERE/testnet
 SKIP=77
 LIMIT=${TESTNET_SOAK_TIMEOUT:-60}
 
-if [[ $(id -u) -ne 0 ]]; then echo "SKIP: network namespaces need root"; exit $SKIP; fi
-if ! ip netns list >/dev/null 2>&1; then echo "SKIP: ip netns is unavailable"; exit $SKIP; fi
-if ! command -v nft >/dev/null; then echo "SKIP: nftables (nft) is not installed"; exit $SKIP; fi
-
-# Remove the hosts of earlier runs of this script that were killed before their trap ran.
-for ns in $(ip netns list | awk '{print $1}' | grep -E '^e2s[0-9]+p[0-9]+-(h[0-9]+|sw)$' || true); do
-  prefix=${ns%-*}
-  pid=${prefix#*p}
-  if ! kill -0 "$pid" 2>/dev/null; then TESTNET_PREFIX=$prefix "$TESTNET" down >/dev/null 2>&1 || true; fi
-done
-export TESTNET_PREFIX=e2s${PCT}p$$
-WORK=$(mktemp -d /tmp/e2e-soak.XXXXXX)
-SERVER_PID=
-cleanup() {
-  if [[ -n $SERVER_PID ]]; then kill "$SERVER_PID" 2>/dev/null || true; fi
-  "$TESTNET" down >/dev/null 2>&1 || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-
-"$TESTNET" up 2 >/dev/null
+source "$HERE/testnet_lib.sh"
+testnet_require nft
+testnet_session "e2s$PCT"
 "$TESTNET" drop h2 "$PCT"
 
-"$TESTNET" exec h1 timeout "$LIMIT" "$SOAK" server -d sr_eth0 >"$WORK/server.out" 2>&1 &
-SERVER_PID=$!
-port=
-for _ in $(seq 100); do
-  port=$(sed -n 's/^listening on 0\.0\.0\.0:\([0-9]*\)$/\1/p' "$WORK/server.out" 2>/dev/null || true)
-  [[ -n $port ]] && break
-  kill -0 "$SERVER_PID" 2>/dev/null || break
-  sleep 0.05
-done
-if [[ -z $port ]]; then cat "$WORK/server.out"; echo "FAIL: the server printed no port"; exit 1; fi
+testnet_server timeout "$LIMIT" "$SOAK" server -d sr_eth0
 
 client_rc=0
-"$TESTNET" exec h2 timeout "$LIMIT" "$SOAK" client 198.18.0.1 "$port" -d sr_eth0 -v "$@" >"$WORK/client.out" 2>&1 ||
+"$TESTNET" exec h2 timeout "$LIMIT" "$SOAK" client 198.18.0.1 "$PORT" -d sr_eth0 -v "$@" >"$WORK/client.out" 2>&1 ||
   client_rc=$?
 server_rc=0
 wait "$SERVER_PID" || server_rc=$?

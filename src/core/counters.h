@@ -41,6 +41,7 @@ namespace softrdma {
   X(drop_uc_msg, "dropped: UC message lost a packet")                                   \
   X(drop_ud_no_wqe, "dropped: UD packet with no receive WQE")                           \
   X(drop_ud_too_long, "dropped: UD packet longer than the receive WQE")                 \
+  X(drop_socket_full, "dropped by the kernel: the socket's receive buffer was full")    \
   X(drop_injected, "dropped by fault injection")                                        \
   X(fault_corrupt, "fault injection: a bit flipped (then dropped by the ICRC check)")   \
   X(fault_duplicate, "fault injection: delivered twice")                                \

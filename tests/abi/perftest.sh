@@ -23,6 +23,11 @@ wait "$server"
 server_rc=$?
 echo "--- server (exit $server_rc)"; cat "$out/server"
 echo "--- client (exit $client_rc)"; cat "$out/client"
-[ "$server_rc" = 0 ] && [ "$client_rc" = 0 ] || exit 1
+if [ "$server_rc" != 0 ] || [ "$client_rc" != 0 ]; then
+  # For the diagnosis: the device's loss and drop counters (cumulative, other tests' included).
+  echo "--- softrdma stats sr_lo (non-zero drops and retransmissions)"
+  "$libdir/../bin/softrdma" stats sr_lo | grep -E 'drop|retrans|timeout' | grep -Ev ' 0 '
+  exit 1
+fi
 # The figures: a line of numbers after the "#bytes" header.
 grep -A1 '#bytes' "$out/client" | tail -1 | grep -Eq '^ *[0-9]+ +[0-9]+ +[0-9.]+'

@@ -382,6 +382,32 @@ TEST(UdpIoTest, DropsBadIcrcAndTruncated) {
   EXPECT_EQ(count(*b, Counter::rx_packets), 3u);
 }
 
+// Datagrams the kernel drops because nobody read the socket in time are counted (SO_RXQ_OVFL): whatever
+// was sent either arrived or shows up in drop_socket_full.
+TEST(UdpIoTest, CountsWhatTheKernelDroppedForAFullSocket) {
+  auto b = make_peer("127.0.0.1");
+  ASSERT_TRUE(b);
+  RawSender s;
+  const wire::Endpoint dst = b->ep();
+  const Bytes pkt = s.packet(dst, 7, 1024);
+  // Far more than the receive buffer holds (at most 2 x UdpIo::kRcvBufBytes of buffers of 2 KiB or more).
+  constexpr size_t kSent = 40000;
+  for (size_t i = 0; i < kSent; ++i) s.send(dst, pkt);
+  size_t got = 0;
+  for (;;) {
+    const size_t n = receive(*b->io, kSent - got, 200).size();
+    if (n == 0) break;
+    got += n;
+  }
+  // The kernel reports the count on the next datagram it queues.
+  s.send(dst, pkt);
+  got += receive(*b->io, 1).size();
+  const uint64_t dropped = count(*b, Counter::drop_socket_full);
+  EXPECT_GT(dropped, 0u);
+  EXPECT_EQ(got + dropped, kSent + 1);
+  EXPECT_EQ(count(*b, Counter::rx_packets), got);
+}
+
 // The ICRC is computed before sendmsg assuming what Linux puts in the IP header (ID 0, DF); check that on
 // the packet as it crosses lo, captured with a raw socket and checked by the IP-packet ICRC routine.
 TEST(UdpIoTest, KernelHeadersMatchTheIcrc) {

@@ -28,7 +28,8 @@ constexpr uint32_t kMinPacket = wire::kBthLen + wire::kIcrcLen;
 constexpr uint32_t kMaxUdpPayload = 65507;
 constexpr uint8_t kZeros[4] = {};
 // pktinfo (the largest is in6_pktinfo) + TOS/traffic class + TTL/hop limit.
-constexpr size_t kRxCtrlLen = CMSG_SPACE(sizeof(in6_pktinfo)) + 2 * CMSG_SPACE(sizeof(int)) + 32;
+constexpr size_t kRxCtrlLen =
+    CMSG_SPACE(sizeof(in6_pktinfo)) + 2 * CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(uint32_t)) + 32;
 
 union SockAddr {
   sockaddr sa;
@@ -83,6 +84,8 @@ struct UdpIo::Socket {
   uint16_t port = 0;
   // The last recvmmsg's messages not yet all handed out (a coalesced one holds many packets).
   uint32_t n_msgs = 0, next_msg = 0, next_off = 0;
+  // The kernel's count of datagrams this socket dropped for want of buffer space (SO_RXQ_OVFL), as last seen.
+  uint32_t overflows = 0;
   std::unique_ptr<uint8_t[]> bufs;  // kRxBatch x kRxBufSize
   mmsghdr msgs[kRxBatch];
   iovec iov[kRxBatch];
@@ -190,8 +193,9 @@ std::expected<uint16_t, int> UdpIo::open_port(uint16_t port) {
   }
   // Always accept coalesced datagrams (a peer may send with GSO); rx_burst splits them.
   set_int_opt(fd, SOL_UDP, UDP_GRO, 1);
-  set_buffer(fd, SO_SNDBUFFORCE, SO_SNDBUF, kSocketBufBytes);
-  set_buffer(fd, SO_RCVBUFFORCE, SO_RCVBUF, kSocketBufBytes);
+  set_int_opt(fd, SOL_SOCKET, SO_RXQ_OVFL, 1);
+  set_buffer(fd, SO_SNDBUFFORCE, SO_SNDBUF, kSndBufBytes);
+  set_buffer(fd, SO_RCVBUFFORCE, SO_RCVBUF, kRcvBufBytes);
 
   SockAddr addr;
   const socklen_t alen = to_sockaddr(wire::Endpoint{local_addr_, port}, v4_, scope_id_, &addr);
@@ -467,7 +471,7 @@ uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t no
   }
 
   uint32_t got = 0;
-  uint64_t bytes = 0, truncated = 0, bad_icrc = 0, oversize = 0;
+  uint64_t bytes = 0, truncated = 0, bad_icrc = 0, oversize = 0, overflowed = 0;
   while (s.next_msg < s.n_msgs && got < room) {
     const uint32_t i = s.next_msg;
     const msghdr& h = s.msgs[i].msg_hdr;
@@ -512,6 +516,11 @@ uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t no
       } else if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
         std::memcpy(&v, d, sizeof v);
         gso_size = v > 0 ? static_cast<uint32_t>(v) : 0;
+      } else if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_RXQ_OVFL) {
+        uint32_t total;
+        std::memcpy(&total, d, sizeof total);
+        overflowed += total - s.overflows;  // wraps correctly
+        s.overflows = total;
       }
     }
     // One datagram, or the next of the coalesced ones.
@@ -560,6 +569,7 @@ uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t no
   }
   if (truncated != 0) counters_->add(Counter::drop_truncated, truncated);
   if (bad_icrc != 0) counters_->add(Counter::drop_bad_icrc, bad_icrc);
+  if (overflowed != 0) counters_->add(Counter::drop_socket_full, overflowed);
   if (oversize != 0) rx_oversize_.fetch_add(oversize, std::memory_order_relaxed);
   return got;
 }

@@ -37,8 +37,11 @@ class UdpIo : public Backend {
   static constexpr uint32_t kMaxGsoSegments = 64;
   static constexpr uint32_t kMaxGsoBytes = 65000;
   // Requested SO_SNDBUF/SO_RCVBUF (the kernel doubles it; without CAP_NET_ADMIN, capped at
-  // net.core.{w,r}mem_max).
-  static constexpr int kSocketBufBytes = 4 << 20;
+  // net.core.{w,r}mem_max). The receive side is larger: UD and UC have no flow control, so a burst sent
+  // while the receiving process is not scheduled waits here (perftest's ib_send_bw -c UD sends 1000 x
+  // 4 KiB at once, which 8 MiB did not always hold in a busy CI); memory is taken only while datagrams wait.
+  static constexpr int kSndBufBytes = 4 << 20;
+  static constexpr int kRcvBufBytes = 16 << 20;
   // When the kernel says EAGAIN/ENOBUFS: wait up to kTxStallPollMs for POLLOUT, at most kTxStallRetries
   // times without progress, then drop the rest of the chunk.
   static constexpr int kTxStallRetries = 20;

@@ -31,7 +31,6 @@ class Progress {
   core::Context* ctx_;
   ProgressConfig cfg_;
   int epfd_ = -1;       // the backend's fd and wake_fd_
-  int idle_epfd_ = -1;  // wake_fd_ only
   int wake_fd_ = -1;
   std::atomic<bool> stop_{false};
   std::atomic<bool> sleeping_{false};

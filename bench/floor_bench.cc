@@ -1,0 +1,165 @@
+// floor-bench: the machine's own floors that bench/run.py sets softrdma's figures against.
+//
+//   floor-bench udp-server PORT                 echo datagrams on 127.0.0.1:PORT, busy-polling, until an
+//                                               empty datagram arrives
+//   floor-bench udp-client PORT SIZE ITERS      ping-pong SIZE-byte datagrams with that server, busy-polling
+//   floor-bench memcpy SIZE BYTES               copy SIZE bytes between two buffers until BYTES are copied
+//
+// Both sides of the ping-pong spin on non-blocking sockets (recv with MSG_DONTWAIT), as a busy-polling RDMA
+// application spins on its CQ, so the figure is the kernel's UDP loopback path and nothing else. The client
+// prints one line of key=value figures: the mean and median half round trip (the round trip measured per
+// iteration, halved) in microseconds. memcpy prints the bytes copied per second (10^9 B/s and MiB/s).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kWarmup = 100;
+constexpr auto kReplyTimeout = std::chrono::seconds(2);
+constexpr size_t kMaxDatagram = 65507;  // IPv4 UDP payload limit
+
+[[noreturn]] void die(const char* what) {
+  std::fprintf(stderr, "floor-bench: %s: %s\n", what, std::strerror(errno));
+  std::exit(1);
+}
+
+int loopback_socket(uint16_t bind_port) {
+  const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK, 0);
+  if (fd < 0) die("socket");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(bind_port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) die("bind 127.0.0.1");
+  return fd;
+}
+
+int udp_server(uint16_t port) {
+  const int fd = loopback_socket(port);
+  std::vector<char> buf(kMaxDatagram);
+  for (;;) {
+    sockaddr_in from{};
+    socklen_t len = sizeof from;
+    const ssize_t n =
+        recvfrom(fd, buf.data(), buf.size(), MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&from), &len);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) continue;
+      die("recvfrom");
+    }
+    if (n == 0) return 0;  // the client's stop signal
+    if (sendto(fd, buf.data(), static_cast<size_t>(n), 0, reinterpret_cast<sockaddr*>(&from), len) != n)
+      die("sendto");
+  }
+}
+
+// Spins until one datagram arrives; false after `timeout`, or at once when the port is not (yet) open and
+// `refused_ok` (the kernel's ICMP port unreachable arrives as ECONNREFUSED on a connected socket).
+bool recv_spin(int fd, char* buf, size_t size, Clock::duration timeout, bool refused_ok = false) {
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    const ssize_t n = recv(fd, buf, size, MSG_DONTWAIT);
+    if (n >= 0) return true;
+    if (errno == ECONNREFUSED && refused_ok) return false;
+    if (errno != EAGAIN && errno != EINTR) die("recv");
+    if (Clock::now() > deadline) return false;
+  }
+}
+
+int udp_client(uint16_t port, size_t size, long iters) {
+  const int fd = loopback_socket(0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(port);
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) die("connect");
+  std::vector<char> buf(std::max<size_t>(size, 1));
+  std::vector<double> rtt_us;
+  rtt_us.reserve(static_cast<size_t>(iters));
+  // The server may still be starting: repeat the first ping until it answers.
+  for (int tries = 0;; ++tries) {
+    if (send(fd, buf.data(), size, 0) != static_cast<ssize_t>(size) && errno != ECONNREFUSED) die("send");
+    if (recv_spin(fd, buf.data(), buf.size(), std::chrono::milliseconds(100), true)) break;
+    if (tries == 200) {
+      std::fprintf(stderr, "floor-bench: no answer from 127.0.0.1:%u\n", port);
+      return 1;
+    }
+    usleep(10000);
+  }
+  const auto start = Clock::now();
+  for (long i = 0; i < kWarmup + iters; ++i) {
+    const auto t0 = Clock::now();
+    if (send(fd, buf.data(), size, 0) != static_cast<ssize_t>(size)) die("send");
+    if (!recv_spin(fd, buf.data(), buf.size(), kReplyTimeout)) {
+      std::fprintf(stderr, "floor-bench: reply %ld lost\n", i);
+      return 1;
+    }
+    if (i >= kWarmup) rtt_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+  }
+  const double total_s = std::chrono::duration<double>(Clock::now() - start).count();
+  send(fd, buf.data(), 0, 0);  // stop the server
+  std::sort(rtt_us.begin(), rtt_us.end());
+  double sum = 0;
+  for (double r : rtt_us) sum += r;
+  std::printf(
+      "size=%zu iters=%ld half_rtt_avg_us=%.3f half_rtt_median_us=%.3f half_rtt_min_us=%.3f seconds=%.3f\n",
+      size, iters, sum / static_cast<double>(iters) / 2, rtt_us[rtt_us.size() / 2] / 2, rtt_us.front() / 2,
+      total_s);
+  return 0;
+}
+
+int memcpy_loop(size_t size, uint64_t bytes) {
+  std::vector<char> src(size, 1), dst(size, 0);
+  const uint64_t iters = std::max<uint64_t>(bytes / size, 1);
+  const auto start = Clock::now();
+  for (uint64_t i = 0; i < iters; ++i) {
+    std::memcpy(dst.data(), src.data(), size);
+    asm volatile("" : : "r"(dst.data()), "r"(src.data()) : "memory");  // keep every copy
+  }
+  const double s = std::chrono::duration<double>(Clock::now() - start).count();
+  const double bps = static_cast<double>(iters) * static_cast<double>(size) / s;
+  std::printf("size=%zu iters=%llu seconds=%.6f bytes_per_sec=%.1f gbps=%.3f mib_per_sec=%.1f\n", size,
+              static_cast<unsigned long long>(iters), s, bps, bps / 1e9, bps / (1 << 20));
+  return 0;
+}
+
+int usage() {
+  std::fprintf(stderr,
+               "usage: floor-bench udp-server PORT\n"
+               "       floor-bench udp-client PORT SIZE ITERS\n"
+               "       floor-bench memcpy SIZE BYTES\n");
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return usage();
+  const auto num = [&](int i) { return std::strtoull(argv[i], nullptr, 0); };
+  const std::string_view cmd = argv[1];
+  if (cmd == "udp-server" && argc == 3) return udp_server(static_cast<uint16_t>(num(2)));
+  if (cmd == "udp-client" && argc == 5) {
+    const size_t size = num(3);
+    const long iters = static_cast<long>(num(4));
+    if (size == 0 || size > kMaxDatagram || iters < 1) return usage();
+    return udp_client(static_cast<uint16_t>(num(2)), size, iters);
+  }
+  if (cmd == "memcpy" && argc == 4) {
+    if (num(2) == 0) return usage();
+    return memcpy_loop(num(2), num(3));
+  }
+  return usage();
+}

@@ -1,0 +1,1039 @@
+#!/usr/bin/python3
+"""softrdma beside its software peers, side by side in one run (issue 6, "The benchmark").
+
+    bench/run.py [--quick] [--runs N] [--only REGEX] [--out DIR] [--build DIR] [--socket-env VAR=VALUE]
+                 [--no-syscalls] [--no-plot] [--list]
+
+Runs on this machine, every process on 127.0.0.1:
+  softrdma   perftest (ib_{write,read,send}_{bw,lat}, ib_atomic_{bw,lat}) over build/lib/libibverbs.so.1 on
+             sr_lo (-x 1), sizes 8 B .. 8 MiB, 1/8/64 QPs for the _bw tests (1 QP for _lat, 8 B for atomics)
+  qperf      tcp_bw, tcp_lat, udp_bw, udp_lat
+  ucx        ucx_perftest ucp_put_bw, ucp_put_lat, ucp_get with UCX_TLS=tcp and posix (shared memory); for cma
+             UCT's put_bw and get with zero copy (UCX 1.13's UCP never puts over cma: its RMA lanes need
+             put_short/put_bcopy/get_bcopy, which cma lacks)
+  libfabric  fi_pingpong over the tcp (msg endpoint) and shm (rdm endpoint) providers
+  floor      floor-bench: a busy-polling UDP ping-pong and a memcpy loop
+
+Every case runs --runs times (the cases interleaved, so that a change in the machine's load touches every
+tool alike) and each figure is the median with its min and max. Output (DIR, default BUILD/bench): table.txt
+(what is printed), results.csv (every run's raw figures), results.json (raw figures, medians, targets),
+plot.png (bandwidth and latency against size).
+
+Units: bandwidth is printed in GB/s (10^9 B/s) and MiB/s. perftest's MB/sec and UCX's MB/s are MiB/s,
+qperf's bytes/sec (with -uu) are bytes, fi_pingpong's MB/sec is 10^6 B/s (both directions of its ping-pong).
+Latency is in microseconds, labelled half or full round trip:
+  perftest   ib_write_lat, ib_send_lat: half the round trip (perftest divides by 2);
+             ib_read_lat, ib_atomic_lat: the whole operation, one full round trip (factor 1 for READ/ATOMIC)
+  qperf      tcp_lat, udp_lat: half (time / messages received by both sides)
+  ucx        ucp_put_lat: half (ping-pong, divided by 2); ucp_get and UCT get: full (one get outstanding)
+  fi_pingpong usec/xfer: half (time / (iterations * 2))
+  floor      UDP ping-pong: half (measured round trip / 2)
+The latency figure is each tool's mean per operation (perftest's t_avg, UCX's overall average, qperf's and
+fi_pingpong's only figure); perftest's and UCX's typical (median) values are kept in the raw data.
+
+CPU per operation: user+system time of the server and of the client process (wait4's rusage, threads and
+reaped children included) divided by the operations of the run (bandwidth tests: messages; latency tests:
+round trips). Packets per operation (softrdma only): tx_packets of both processes, read from their own
+counter files in /dev/shm (src/io/stats_shm.h) before they are reaped, so other processes' traffic does not
+count. Syscalls per operation: a separate, shorter pass under `perf stat -e raw_syscalls:sys_enter`
+(strace -c -f if perf cannot), so that counting does not disturb the main figures.
+"""
+
+import argparse
+import csv
+import datetime
+import glob
+import json
+import math
+import os
+import re
+import signal
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+KIB, MIB = 1 << 10, 1 << 20
+SIZES = [8, 64, 4 * KIB, 64 * KIB, MIB, 8 * MIB]
+QPS = [1, 8, 64]
+UDP_MAX = 65507
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def size_str(n):
+    for unit, div in (("MiB", MIB), ("KiB", KIB)):
+        if n >= div and n % div == 0:
+            return f"{n // div} {unit}"
+    return f"{n} B"
+
+
+@dataclass
+class Case:
+    tool: str  # softrdma, qperf, ucx, libfabric, floor
+    test: str  # the tool's own name of the test
+    transport: str  # sr_lo, tcp, udp, posix, cma, shm, memory
+    size: int
+    kind: str  # bw or lat
+    qps: int = 1
+    rtt: str = ""  # half or full, for latency figures
+    variant: str = "default"  # softrdma: default, or socket (run with --socket-env)
+    syscalls: bool = False  # also measured in the syscall pass
+    missing: str = ""  # why the figure cannot be had here (set before or during the run)
+    runs: list = field(default_factory=list)
+    syscall_run: dict = field(default_factory=dict)
+
+    @property
+    def id(self):
+        v = "" if self.variant == "default" else f"[{self.variant}]"
+        return f"{self.tool}/{self.test}{v}/{self.transport}/{self.size}/q{self.qps}"
+
+    @property
+    def label(self):
+        v = "" if self.variant == "default" else f" ({self.variant} path)"
+        if self.tool == "softrdma":
+            return f"{self.test}{v}"
+        if self.tool in ("qperf", "floor"):
+            return f"{self.tool} {self.test}"
+        return f"{self.tool} {self.transport} {self.test}"
+
+
+# ---------------------------------------------------------------------------------------------------- #
+# Processes: started in their own process group, waited for without being reaped (WNOWAIT) so that their
+# softrdma counter files stay (a zombie counts as alive for the files' garbage collector), then reaped with
+# wait4 for their CPU time.
+
+
+class Proc:
+    def __init__(self, argv, env, log_path):
+        self.argv = argv
+        self.log_path = log_path
+        self.log = open(log_path, "w")
+        self.p = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                  stdin=subprocess.DEVNULL, start_new_session=True)
+        self.pid = self.p.pid
+        self.rc = None
+        self.cpu_s = None
+        self.counters = None
+
+    def exited(self):
+        try:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return True
+        return info is not None
+
+    def wait_exit(self, deadline):
+        """True once the process has exited (not reaped); False at the deadline."""
+        while not self.exited():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def kill(self, sig=signal.SIGKILL):
+        if self.rc is None:
+            try:
+                os.killpg(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def reap(self):
+        if self.rc is None:
+            _, status, ru = os.wait4(self.pid, 0)
+            self.rc = os.waitstatus_to_exitcode(status)
+            self.cpu_s = ru.ru_utime + ru.ru_stime
+            self.p.returncode = self.rc
+            self.log.close()
+        return self.rc
+
+    def output(self):
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+
+def children_of(pid):
+    kids = []
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                s = f.read()
+        except OSError:
+            continue
+        fields = s[s.rfind(")") + 2:].split()
+        if len(fields) > 1 and int(fields[1]) == pid:
+            kids.append(int(stat.split("/")[2]))
+    return kids
+
+
+def listening(port, timeout):
+    """Waits until something listens on TCP port `port`; True if it does."""
+    hexport = f":{port:04X} "
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+            try:
+                with open(path) as f:
+                    for line in f:
+                        parts = line.split()
+                        if len(parts) > 3 and parts[1].endswith(hexport.strip()) and parts[3] == "0A":
+                            return True
+            except OSError:
+                pass
+        time.sleep(0.02)
+    return False
+
+
+def port_in_use(port):
+    hexport = f":{port:04X}"
+    for path in ("/proc/net/tcp", "/proc/net/tcp6", "/proc/net/udp", "/proc/net/udp6"):
+        try:
+            with open(path) as f:
+                if any(line.split()[1].endswith(hexport) for line in list(f)[1:] if len(line.split()) > 1):
+                    return True
+        except OSError:
+            pass
+    return False
+
+
+class Ports:
+    def __init__(self, base):
+        self.next = base
+
+    def take(self):
+        while True:
+            p = self.next
+            self.next += 2
+            if self.next > 60000:
+                self.next = 23000
+            if not port_in_use(p) and not port_in_use(p + 1):
+                return p
+
+
+# ---------------------------------------------------------------------------------------------------- #
+# softrdma's counters of one process (the stats file ABI of src/io/stats_shm.h: a header, uint64 counters
+# at counters_offset, NUL-padded names of name_len bytes at names_offset).
+
+STATS_MAGIC = 0x5354415453524453
+STATS_HEADER = struct.Struct("<QIIIIIiQII")
+
+
+def softrdma_counters(pid, device="sr_lo"):
+    totals, found = {}, False
+    for path in glob.glob(f"/dev/shm/softrdma.{device}.{pid}.*"):
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        if len(data) < STATS_HEADER.size:
+            continue
+        magic, _ver, num, coff, noff, nlen, hpid, _st, _closed, _r = STATS_HEADER.unpack_from(data)
+        if magic != STATS_MAGIC or hpid != pid or noff + num * nlen > len(data):
+            continue
+        found = True
+        for i in range(num):
+            name = data[noff + i * nlen:noff + (i + 1) * nlen].split(b"\0")[0].decode()
+            (value,) = struct.unpack_from("<Q", data, coff + 8 * i)
+            totals[name] = totals.get(name, 0) + value
+    return totals if found else None
+
+
+# ---------------------------------------------------------------------------------------------------- #
+# Syscall counting (the separate pass).
+
+
+class SyscallCounter:
+    def __init__(self, workdir):
+        self.how, self.why = None, ""
+        probe = os.path.join(workdir, "perf-probe.txt")
+        try:
+            r = subprocess.run(["perf", "stat", "-e", "raw_syscalls:sys_enter", "-x,", "-o", probe, "--", "true"],
+                               capture_output=True, timeout=30)
+            if r.returncode == 0 and self._perf_count(probe) is not None:
+                self.how = "perf"
+                return
+            self.why = "perf stat -e raw_syscalls:sys_enter failed: " + r.stderr.decode(errors="replace").strip()[:200]
+        except (OSError, subprocess.TimeoutExpired) as e:
+            self.why = f"perf: {e}"
+        try:
+            r = subprocess.run(["strace", "-f", "-c", "-o", probe, "true"], capture_output=True, timeout=30)
+            if r.returncode == 0 and self._strace_count(probe) is not None:
+                self.how = "strace"
+                return
+            self.why += "; strace -c failed: " + r.stderr.decode(errors="replace").strip()[:200]
+        except (OSError, subprocess.TimeoutExpired) as e:
+            self.why += f"; strace: {e}"
+
+    def wrap(self, argv, out):
+        if self.how == "perf":
+            return ["perf", "stat", "-e", "raw_syscalls:sys_enter", "-x,", "-o", out, "--"] + argv
+        return ["strace", "-f", "-c", "-o", out] + argv
+
+    def count(self, out):
+        return self._perf_count(out) if self.how == "perf" else self._strace_count(out)
+
+    @staticmethod
+    def _perf_count(path):
+        try:
+            with open(path) as f:
+                for line in f:
+                    parts = line.strip().split(",")
+                    if len(parts) > 2 and parts[2] == "raw_syscalls:sys_enter" and parts[0].isdigit():
+                        return int(parts[0])
+        except OSError:
+            pass
+        return None
+
+    @staticmethod
+    def _strace_count(path):
+        try:
+            with open(path) as f:
+                for line in f:
+                    parts = line.split()
+                    if parts and parts[-1] == "total":
+                        return int(parts[3] if len(parts) >= 5 else parts[2])
+        except (OSError, ValueError, IndexError):
+            pass
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------- #
+# The runners. Each takes the case and a Runner (paths, ports, budgets) and returns a dict of figures:
+# bw (bytes/s), rate (operations/s), lat_us, ops, plus raw values, or raises Missing.
+
+
+class Missing(Exception):
+    pass
+
+
+class Runner:
+    def __init__(self, args, build, out):
+        self.args = args
+        self.build = build
+        self.out = out
+        self.logdir = os.path.join(out, "logs")
+        os.makedirs(self.logdir, exist_ok=True)
+        self.ports = Ports(args.port_base)
+        self.quick = args.quick
+        self.timeout = 60 if args.quick else 180
+        self.sys = None  # SyscallCounter during the syscall pass
+        self.socket_env = dict(kv.split("=", 1) for kv in args.socket_env)
+
+    # Budgets: how much one run moves. Bandwidth: bytes or messages; latency: round trips.
+    def bw_msgs(self, size):
+        if self.quick:
+            return max(20, min(10000, (32 * MIB) // size))
+        return max(100, min(200000, (1024 * MIB) // size))
+
+    def lat_iters(self, size):
+        if self.quick:
+            return max(10, min(200, (2 * MIB) // size))
+        return max(20, min(20000, (256 * MIB) // size))
+
+    def seconds(self):
+        return 1 if self.quick else 2
+
+    def log(self, case, run, side):
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", case.id)
+        return os.path.join(self.logdir, f"{name}.run{run}.{side}.log")
+
+    def env(self, extra=None):
+        e = dict(os.environ)
+        e.update(extra or {})
+        return e
+
+    def pair(self, case, run, server_argv, client_argv, env, port=None, settle=0.0, serves_forever=False):
+        """Runs a server and a client; returns (server, client) Procs, both reaped."""
+        syscalls = self.sys is not None
+        if syscalls:
+            s_out, c_out = self.log(case, run, "server.sys"), self.log(case, run, "client.sys")
+            server_argv, client_argv = self.sys.wrap(server_argv, s_out), self.sys.wrap(client_argv, c_out)
+        deadline = time.monotonic() + self.timeout
+        server = Proc(server_argv, env, self.log(case, run, "server"))
+        client = None
+        try:
+            if port is not None and not listening(port, 15):
+                server.kill()
+                server.wait_exit(time.monotonic() + 5)
+                raise Missing(f"server did not listen on port {port}: {server.output().strip()[-300:]}")
+            if settle:
+                time.sleep(settle)
+            client = Proc(client_argv, env, self.log(case, run, "client"))
+            if not client.wait_exit(deadline):
+                client.kill()
+                server.kill()
+                raise Missing(f"timed out after {self.timeout} s")
+            if not server.wait_exit(time.monotonic() + (0.05 if serves_forever else 10)):
+                # A server that serves forever (qperf) or that missed the end: stop it once its children (qperf
+                # forks one per test and reaps it) are gone, so that its CPU time is complete.
+                for _ in range(100):
+                    if not children_of(server.pid):
+                        break
+                    time.sleep(0.02)
+                server.kill(signal.SIGTERM)
+                if not server.wait_exit(time.monotonic() + 5):
+                    server.kill()
+                    server.wait_exit(time.monotonic() + 5)
+            if case.tool == "softrdma" and not syscalls:
+                server.counters = softrdma_counters(server.pid)
+                client.counters = softrdma_counters(client.pid)
+        finally:
+            for p in (client, server):
+                if p is not None:
+                    if not p.exited():
+                        p.kill()
+                    p.reap()
+        if syscalls:
+            server.syscalls, client.syscalls = self.sys.count(s_out), self.sys.count(c_out)
+        return server, client
+
+    # --- perftest over softrdma's libibverbs.so.1 ---
+    def perftest(self, case, run):
+        prog = case.test
+        if not shutil_which(prog):
+            raise Missing(f"{prog} not installed (Debian package perftest)")
+        port = self.ports.take()
+        opts = ["-d", "sr_lo", "-x", "1", "-p", str(port)]
+        if case.kind == "bw":
+            per_qp = max(5, math.ceil(self.bw_msgs(case.size) / case.qps))  # perftest's least is 5
+            opts += ["-q", str(case.qps), "-n", str(per_qp)]
+            if per_qp < 128:
+                opts += ["-t", str(per_qp)]  # perftest wants the send queue no deeper than the iterations
+        else:
+            opts += ["-n", str(self.lat_iters(case.size))]
+        if "atomic" not in prog:
+            opts += ["-s", str(case.size)]
+        libdir = os.path.join(self.build, "lib")
+        extra = {"LD_LIBRARY_PATH": libdir}
+        if case.variant == "socket":
+            extra.update(self.socket_env)
+        # Line-buffered, so that a run stopped by the timeout still shows how far it got.
+        argv = (["stdbuf", "-oL", "-eL"] if shutil_which("stdbuf") else []) + [prog] + opts
+        server, client = self.pair(case, run, argv, argv + ["127.0.0.1"], self.env(extra), port)
+        out = client.output()
+        if client.rc != 0 or server.rc != 0:
+            raise Missing(f"exit codes server {server.rc} client {client.rc}: {tail(out)}")
+        lines = out.splitlines()
+        figs = None
+        for i, line in enumerate(lines):
+            if line.lstrip().startswith("#bytes") and i + 1 < len(lines):
+                figs = lines[i + 1].split()
+        if not figs:
+            raise Missing(f"no figures in the output: {tail(out)}")
+        r = {"ops": int(figs[1])}
+        if case.kind == "bw":  # #bytes #iterations BW-peak BW-average[MiB/s] MsgRate[Mpps]
+            r.update(bw=float(figs[3]) * MIB, rate=float(figs[4]) * 1e6, raw_bw_mib=float(figs[3]))
+        else:  # #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
+            r.update(lat_us=float(figs[5]), lat_typical_us=float(figs[4]), lat_min_us=float(figs[2]))
+        return self.finish(r, server, client)
+
+    # --- qperf ---
+    def qperf(self, case, run):
+        if not shutil_which("qperf"):
+            raise Missing("qperf not installed (Debian package qperf)")
+        port = self.ports.take()
+        argv = ["qperf", "127.0.0.1", "--listen_port", str(port), "-t", str(self.seconds()), "-uu", "-vvs",
+                "-m", str(case.size), case.test]
+        server, client = self.pair(case, run, ["qperf", "--listen_port", str(port)], argv, self.env(), port,
+                                   serves_forever=True)
+        out = client.output()
+        vals = dict(re.findall(r"^\s*(\w+)\s*=\s*([0-9.]+)", out, re.M))
+        if client.rc != 0 or not vals:
+            raise Missing(f"qperf exit {client.rc}: {tail(out)}")
+        if case.kind == "bw":
+            bw = float(vals.get("recv_bw", vals.get("bw", 0)))
+            ops = float(vals.get("recv_bytes", 0)) / case.size
+            r = {"bw": bw, "rate": bw / case.size, "ops": ops}
+            if "send_bw" in vals:
+                r["send_bw"] = float(vals["send_bw"])
+        else:
+            lat = float(vals["latency"]) / 1000  # -uu prints nanoseconds
+            r = {"lat_us": lat, "ops": float(vals.get("loc_recv_msgs", 0))}
+        return self.finish(r, server, client)
+
+    # --- ucx_perftest ---
+    def ucx(self, case, run):
+        if not shutil_which("ucx_perftest"):
+            raise Missing("ucx_perftest not installed (Debian package ucx-utils)")
+        port = self.ports.take()
+        env = {"UCX_TLS": case.transport}
+        if case.transport == "tcp":
+            env["UCX_NET_DEVICES"] = "lo"
+        opts = ["-p", str(port)]
+        client_opts = ["-t", case.test, "-s", str(case.size), "-f", "-v"]
+        if case.kind == "bw" or case.test in ("get", "ucp_get"):
+            n = self.bw_msgs(case.size) if case.kind == "bw" else self.lat_iters(case.size)
+        else:
+            n = self.lat_iters(case.size)
+        client_opts += ["-n", str(n), "-w", str(max(10, n // 10))]
+        if case.transport == "cma":  # UCT level: one device, zero copy
+            env = {}
+            client_opts += ["-x", "cma", "-d", "memory", "-D", "zcopy"]
+        server, client = self.pair(case, run, ["ucx_perftest"] + opts,
+                                   ["ucx_perftest", "127.0.0.1"] + opts + client_opts, self.env(env), port)
+        out = client.output()
+        rows = [l.split(",") for l in out.splitlines() if re.match(r"^\s*\d+,[0-9.]+,", l)]
+        if client.rc != 0 or not rows:
+            raise Missing(f"ucx_perftest exit {client.rc}: {tail(out)}")
+        it, typ, _avg_lat, overall_lat, _avg_bw, overall_bw, _avg_mr, overall_mr = rows[-1][:8]
+        r = {"ops": int(it), "bw": float(overall_bw) * MIB, "rate": float(overall_mr)}
+        if case.kind == "lat":
+            r.update(lat_us=float(overall_lat), lat_typical_us=float(typ))
+        return self.finish(r, server, client)
+
+    # --- fi_pingpong ---
+    def fabric(self, case, run):
+        if not shutil_which("fi_pingpong"):
+            raise Missing("fi_pingpong not installed (Debian package libfabric-bin)")
+        port = self.ports.take()
+        ep = "msg" if case.transport == "tcp" else "rdm"
+        iters = self.lat_iters(case.size)
+        opts = ["-p", case.transport, "-e", ep, "-S", str(case.size), "-I", str(iters)]
+        env = {"FI_TCP_IFACE": "lo"} if case.transport == "tcp" else {}
+        server, client = self.pair(case, run, ["fi_pingpong", "-B", str(port)] + opts,
+                                   ["fi_pingpong", "-P", str(port)] + opts + ["127.0.0.1"], self.env(env), port)
+        out = client.output()
+        # bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec
+        rows = [l.split() for l in out.splitlines() if re.match(r"^\d+\S*\s+\S+\s+[=+-]", l)]
+        if client.rc != 0 or server.rc != 0 or not rows:
+            raise Missing(f"fi_pingpong exit server {server.rc} client {client.rc}: {tail(out)}")
+        row = rows[-1]
+        lat = float(row[-2])
+        r = {"lat_us": lat, "ops": iters, "bw": float(row[-3]) * 1e6, "bw_note": "both directions"}
+        return self.finish(r, server, client)
+
+    # --- floors ---
+    def floor(self, case, run):
+        exe = os.path.join(self.build, "bin", "floor-bench")
+        if not os.access(exe, os.X_OK):
+            raise Missing(f"{exe} not built (cmake --build {self.build} --target floor-bench)")
+        if case.test == "memcpy":
+            nbytes = (256 if self.quick else 4096) * MIB
+            p = Proc([exe, "memcpy", str(case.size), str(nbytes)], self.env(), self.log(case, run, "memcpy"))
+            p.wait_exit(time.monotonic() + self.timeout) or p.kill()
+            p.reap()
+            vals = keyvals(p.output())
+            if p.rc != 0 or "bytes_per_sec" not in vals:
+                raise Missing(f"floor-bench memcpy exit {p.rc}: {tail(p.output())}")
+            bw = float(vals["bytes_per_sec"])
+            ops = int(vals["iters"])
+            return {"bw": bw, "rate": bw / case.size, "ops": ops, "cpu_client_us": p.cpu_s * 1e6 / ops}
+        port = self.ports.take()
+        iters = self.lat_iters(case.size) * (1 if self.quick or case.size > 64 else 10)
+        server, client = self.pair(case, run, [exe, "udp-server", str(port)],
+                                   [exe, "udp-client", str(port), str(case.size), str(iters)], self.env())
+        vals = keyvals(client.output())
+        if client.rc != 0 or "half_rtt_avg_us" not in vals:
+            raise Missing(f"floor-bench udp-client exit {client.rc}: {tail(client.output())}")
+        r = {"lat_us": float(vals["half_rtt_avg_us"]), "lat_typical_us": float(vals["half_rtt_median_us"]),
+             "ops": iters}
+        return self.finish(r, server, client)
+
+    def finish(self, r, server, client):
+        ops = r.get("ops") or 0
+        if ops > 0:
+            if server.cpu_s is not None:
+                r["cpu_server_us"] = server.cpu_s * 1e6 / ops
+            if client.cpu_s is not None:
+                r["cpu_client_us"] = client.cpu_s * 1e6 / ops
+            if server.counters is not None and client.counters is not None:
+                tx = server.counters.get("tx_packets", 0) + client.counters.get("tx_packets", 0)
+                r["packets_per_op"] = tx / ops
+                r["retransmits"] = server.counters.get("retransmits", 0) + client.counters.get("retransmits", 0)
+            if getattr(server, "syscalls", None) is not None:
+                r["syscalls_server"] = server.syscalls / ops
+            if getattr(client, "syscalls", None) is not None:
+                r["syscalls_client"] = client.syscalls / ops
+        return r
+
+    def run(self, case, run):
+        fn = {"softrdma": self.perftest, "qperf": self.qperf, "ucx": self.ucx, "libfabric": self.fabric,
+              "floor": self.floor}[case.tool]
+        return fn(case, run)
+
+
+def cma_unavailable():
+    """Why UCX's cma (process_vm_readv/writev between two unrelated processes) cannot run here, or ""."""
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            scope = int(f.read())
+        if scope >= 1:
+            return (f"kernel.yama.ptrace_scope = {scope}: a process may not process_vm_writev into a sibling "
+                    "(cma needs 0)")
+    except (OSError, ValueError):
+        pass  # no Yama: ordinary ptrace rules (same user) apply
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    class Iovec(ctypes.Structure):
+        _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+    src, dst = ctypes.create_string_buffer(b"x" * 8), ctypes.create_string_buffer(8)
+    local = Iovec(ctypes.cast(dst, ctypes.c_void_p), 8)
+    remote = Iovec(ctypes.cast(src, ctypes.c_void_p), 8)
+    n = libc.process_vm_readv(os.getpid(), ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+    if n != 8:
+        err = ctypes.get_errno()
+        return f"process_vm_readv is refused here ({os.strerror(err)}; a seccomp filter?): cma cannot run"
+    return ""
+
+
+def keyvals(text):
+    return dict(re.findall(r"(\w+)=([0-9.]+)", text))
+
+
+def tail(text, n=300):
+    return " ".join(text.strip().split())[-n:]
+
+
+def shutil_which(prog):
+    import shutil
+    return shutil.which(prog)
+
+
+# ---------------------------------------------------------------------------------------------------- #
+# The cases.
+
+
+def all_cases(socket_variant):
+    cases = []
+    for verb in ("write", "read", "send"):
+        for size in SIZES:
+            for q in QPS:
+                cases.append(Case("softrdma", f"ib_{verb}_bw", "sr_lo", size, "bw", qps=q))
+            cases.append(Case("softrdma", f"ib_{verb}_lat", "sr_lo", size, "lat",
+                              rtt="full" if verb == "read" else "half"))
+    for q in QPS:
+        cases.append(Case("softrdma", "ib_atomic_bw", "sr_lo", 8, "bw", qps=q))
+    cases.append(Case("softrdma", "ib_atomic_lat", "sr_lo", 8, "lat", rtt="full"))
+    if socket_variant:
+        for c in [c for c in cases if (c.test, c.size, c.qps) in SOCKET_TARGET_CASES]:
+            cases.append(Case(c.tool, c.test, c.transport, c.size, c.kind, c.qps, c.rtt, variant="socket"))
+    for size in SIZES:
+        cases.append(Case("qperf", "tcp_bw", "tcp", size, "bw"))
+        cases.append(Case("qperf", "tcp_lat", "tcp", size, "lat", rtt="half"))
+        udp = Case("qperf", "udp_bw", "udp", size, "bw")
+        udpl = Case("qperf", "udp_lat", "udp", size, "lat", rtt="half")
+        if size > UDP_MAX:
+            udp.missing = udpl.missing = f"a UDP datagram carries at most {UDP_MAX} bytes"
+        cases += [udp, udpl]
+    for tl in ("tcp", "posix", "cma"):
+        for size in SIZES:
+            if tl == "cma":
+                cases.append(Case("ucx", "put_bw", tl, size, "bw"))
+                lat = Case("ucx", "put_lat", tl, size, "lat", rtt="half")
+                lat.missing = "cma has no put_short, which UCX's put ping-pong needs (and UCP puts over cma never)"
+                cases += [lat, Case("ucx", "get", tl, size, "lat", rtt="full")]
+            else:
+                cases += [Case("ucx", "ucp_put_bw", tl, size, "bw"),
+                          Case("ucx", "ucp_put_lat", tl, size, "lat", rtt="half"),
+                          Case("ucx", "ucp_get", tl, size, "lat", rtt="full")]
+    for prov in ("tcp", "shm"):
+        for size in SIZES:
+            cases.append(Case("libfabric", "fi_pingpong", prov, size, "lat", rtt="half"))
+    for size in SIZES:
+        u = Case("floor", "udp_pingpong", "udp", size, "lat", rtt="half")
+        if size > UDP_MAX:
+            u.missing = f"a UDP datagram carries at most {UDP_MAX} bytes"
+        cases += [u, Case("floor", "memcpy", "memory", size, "bw")]
+    return cases
+
+
+# The softrdma cases the socket-path targets read.
+SOCKET_TARGET_CASES = {("ib_write_bw", 64 * KIB, 1), ("ib_write_bw", MIB, 1), ("ib_write_bw", 8, 1),
+                       ("ib_write_bw", 64 * KIB, 64), ("ib_write_bw", MIB, 64), ("ib_write_lat", 8, 1),
+                       ("ib_send_lat", 8, 1), ("ib_read_lat", 8, 1)}
+
+# --quick: the cases the targets need, and one of every peer's tests so that every parser runs.
+QUICK = {
+    "softrdma": SOCKET_TARGET_CASES,
+    "qperf": {("tcp_bw", 64 * KIB), ("tcp_bw", MIB), ("tcp_lat", 8), ("udp_lat", 8), ("udp_bw", 4 * KIB)},
+    "ucx": {("ucp_put_bw", 8), ("ucp_put_lat", 8), ("ucp_get", 8), ("put_bw", MIB), ("ucp_put_bw", MIB)},
+    "libfabric": {("fi_pingpong", 64)},
+    "floor": {("udp_pingpong", 8), ("memcpy", MIB)},
+}
+QUICK_TRANSPORTS = {("ucx", "ucp_put_bw", MIB): "posix", ("ucx", "ucp_put_lat", 8): "tcp", ("ucx", "ucp_get", 8): "tcp",
+                    ("ucx", "ucp_put_bw", 8): "tcp"}
+
+
+def in_quick(c):
+    if c.tool == "softrdma":
+        return (c.test, c.size, c.qps) in QUICK["softrdma"]
+    if (c.test, c.size) not in QUICK.get(c.tool, set()):
+        return False
+    want = QUICK_TRANSPORTS.get((c.tool, c.test, c.size))
+    return want is None or want == c.transport
+
+
+def syscall_subset(c, quick):
+    if c.qps != 1:
+        return False
+    if quick:
+        return c.variant == "default" and (c.test, c.size) in (("ib_write_lat", 8), ("ib_write_bw", 64 * KIB),
+                                                               ("udp_pingpong", 8))
+    return c.size in (8, 64, 64 * KIB, MIB) and c.test != "memcpy"
+
+
+# ---------------------------------------------------------------------------------------------------- #
+# Figures, targets, output.
+
+METRICS = ["bw", "rate", "lat_us", "lat_typical_us", "cpu_server_us", "cpu_client_us", "packets_per_op"]
+
+
+def summary(case):
+    ok = [r for r in case.runs if "error" not in r]
+    s = {}
+    for m in METRICS:
+        vals = [r[m] for r in ok if m in r]
+        if vals:
+            s[m] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+    for m in ("syscalls_server", "syscalls_client"):
+        if m in case.syscall_run:
+            s[m] = {"median": case.syscall_run[m], "min": case.syscall_run[m], "max": case.syscall_run[m], "n": 1}
+    return s
+
+
+def find(cases, tool, test, transport=None, size=None, qps=1, variant="default"):
+    for c in cases:
+        if (c.tool == tool and c.test == test and (transport is None or c.transport == transport)
+                and c.size == size and c.qps == qps and c.variant == variant):
+            return c
+    return None
+
+
+def med(case, metric):
+    if case is None:
+        return None
+    s = summary(case).get(metric)
+    return s["median"] if s else None
+
+
+def targets(cases):
+    """Issue 6's targets: (name, softrdma figure, peer figure, ratio, limit, met)."""
+    sock = "socket" if any(c.variant == "socket" for c in cases) else "default"
+
+    def sr(test, size, qps=1, variant=sock):
+        return find(cases, "softrdma", test, "sr_lo", size, qps, variant)
+
+    out = []
+
+    def add(name, a, am, b, bm, op, limit, how):
+        va, vb = med(a, am), med(b, bm)
+        ratio = va / vb if va is not None and vb else None
+        met = None if ratio is None else (ratio >= limit if op == ">=" else ratio <= limit)
+        out.append({"target": name, "softrdma": va, "peer": vb, "ratio": ratio, "op": op, "limit": limit,
+                    "met": met, "unit": how,
+                    "why_missing": None if ratio is not None else
+                    "; ".join(x for x in (why(a, am), why(b, bm)) if x)})
+
+    path = "socket path"
+    for size in (64 * KIB, MIB):
+        add(f"{path}: ib_write_bw {size_str(size)} >= 1.0x qperf tcp_bw", sr("ib_write_bw", size), "bw",
+            find(cases, "qperf", "tcp_bw", "tcp", size), "bw", ">=", 1.0, "GB/s")
+    floor = find(cases, "floor", "udp_pingpong", "udp", 8)
+    add(f"{path}: ib_write_lat 8 B <= 1.3x UDP busy-poll half RTT", sr("ib_write_lat", 8), "lat_us", floor, "lat_us",
+        "<=", 1.3, "us")
+    add(f"{path}: ib_send_lat 8 B <= 1.3x UDP busy-poll half RTT", sr("ib_send_lat", 8), "lat_us", floor, "lat_us",
+        "<=", 1.3, "us")
+    add(f"{path}: ib_read_lat 8 B (full RTT) <= 2.0x UDP busy-poll half RTT", sr("ib_read_lat", 8), "lat_us", floor,
+        "lat_us", "<=", 2.0, "us")
+    add(f"{path}: ib_write_bw 8 B msg rate >= 5x UCX tcp ucp_put_bw", sr("ib_write_bw", 8), "rate",
+        find(cases, "ucx", "ucp_put_bw", "tcp", 8), "rate", ">=", 5.0, "Mmsg/s")
+    for size in (64 * KIB, MIB):
+        add(f"{path}: ib_write_bw {size_str(size)} 64 QPs >= 0.9x 1 QP", sr("ib_write_bw", size, 64), "bw",
+            sr("ib_write_bw", size, 1), "bw", ">=", 0.9, "GB/s")
+    add("same-host path: ib_write_bw 1 MiB >= 1.0x UCX cma put_bw 1 MiB", sr("ib_write_bw", MIB, variant="default"),
+        "bw", find(cases, "ucx", "put_bw", "cma", MIB), "bw", ">=", 1.0, "GB/s")
+    add("same-host path: ib_write_lat 8 B <= 1.0x fi_pingpong shm 64 B", sr("ib_write_lat", 8, variant="default"),
+        "lat_us", find(cases, "libfabric", "fi_pingpong", "shm", 64), "lat_us", "<=", 1.0, "us")
+    return out
+
+
+def why(case, metric):
+    if case is None:
+        return "not run (filtered out)"
+    if case.missing:
+        return f"{case.label}: {case.missing}"
+    if med(case, metric) is None:
+        errs = [r["error"] for r in case.runs if "error" in r]
+        return f"{case.label}: " + (errs[-1] if errs else "no figure")
+    return ""
+
+
+def fmt(v, digits=3):
+    if v is None:
+        return "-"
+    if v == 0:
+        return "0"
+    mag = math.floor(math.log10(abs(v)))
+    return f"{v:.{max(0, digits - 1 - mag)}f}"
+
+
+def mmm(case, metric, scale=1.0):
+    s = summary(case).get(metric)
+    if not s:
+        return "-"
+    if s["n"] == 1:
+        return fmt(s["median"] * scale)
+    return f"{fmt(s['median'] * scale)} [{fmt(s['min'] * scale)}-{fmt(s['max'] * scale)}]"
+
+
+def table(cases, meta, tgts):
+    lines = []
+    w = lines.append
+    w(f"softrdma benchmark  {meta['date']}  host {meta['host']} ({meta['cpus']} CPUs)  commit {meta['commit']}")
+    w(f"runs per case: {meta['runs']}{' (--quick)' if meta['quick'] else ''}   load average before the run "
+      f"{meta['loadavg_start']} (after: {meta['loadavg_end']}, its own processes included)"
+      + ("   ** measured under load: figures are noisy **" if meta["under_load"] else ""))
+    w("figures: median [min-max] over the runs. GB/s = 10^9 B/s; MiB/s = 2^20 B/s; Mmsg/s = 10^6 messages/s.")
+    w("latency in us: 'half' = half the round trip (one-way estimate), 'full' = a whole round trip; the figure is")
+    w("each run's mean per operation (the statistic every tool reports); (median) is the run's median where the")
+    w("tool reports one (perftest t_typical, UCX 50th percentile, floor-bench). Targets compare means.")
+    w("CPU us/op per side (server/client) = process user+sys time / operations; pkts/op = packets sent by both")
+    w("softrdma processes / operations; sys/op = syscalls per operation (separate perf-stat pass, 1 run).")
+    w("")
+    hdr = (f"{'case':34} {'size':>7} {'QPs':>3} {'GB/s':>22} {'MiB/s':>9} {'Mmsg/s':>9} {'latency us (mean)':>24} "
+           f"{'(median)':>8} {'CPU us/op srv/cli':>19} {'pkts/op':>7} {'sys/op srv/cli':>15}")
+    for tool, title in (("softrdma", "softrdma: perftest on build/lib/libibverbs.so.1, device sr_lo (-x 1)"),
+                        ("qperf", "qperf (TCP/UDP sockets on 127.0.0.1)"),
+                        ("ucx", "UCX ucx_perftest (tcp on lo; posix = shared memory; cma = process_vm_writev)"),
+                        ("libfabric", "libfabric fi_pingpong (tcp msg endpoint; shm rdm endpoint)"),
+                        ("floor", "the harness's floors (floor-bench)")):
+        group = [c for c in cases if c.tool == tool]
+        if not group:
+            continue
+        w(title)
+        w(hdr)
+        for c in group:
+            s = summary(c)
+            if c.missing or not s:
+                w(f"  {c.label:32} {size_str(c.size):>7} {c.qps:>3}  missing: {why(c, 'bw' if c.kind == 'bw' else 'lat_us')}")
+                continue
+            is_bw = c.kind == "bw"  # latency tests' by-product rates stay in the CSV/JSON
+            bw = mmm(c, "bw", 1e-9) if is_bw and "bw" in s else "-"
+            mib = fmt(s["bw"]["median"] / MIB) if is_bw and "bw" in s else "-"
+            rate = fmt(s["rate"]["median"] / 1e6) if is_bw and "rate" in s else "-"
+            lat = (mmm(c, "lat_us") + f" {c.rtt}") if "lat_us" in s else "-"
+            typ = fmt(med(c, "lat_typical_us"))
+            cpu = f"{fmt(med(c, 'cpu_server_us'))}/{fmt(med(c, 'cpu_client_us'))}"
+            pk = fmt(med(c, "packets_per_op"))
+            sysc = (f"{fmt(s['syscalls_server']['median'])}/{fmt(s['syscalls_client']['median'])}"
+                    if "syscalls_server" in s and "syscalls_client" in s else "-")
+            w(f"  {c.label:32} {size_str(c.size):>7} {c.qps:>3} {bw:>22} {mib:>9} {rate:>9} {lat:>24} {typ:>8} {cpu:>19} "
+              f"{pk:>7} {sysc:>15}")
+        w("")
+    # Side by side: the same size across tools (1 QP).
+    bw_series = series(cases, "bw")
+    lat_series = series(cases, "lat_us")
+    for title, ser, metric, scale in (("bandwidth GB/s", bw_series, "bw", 1e-9),
+                                      ("latency us (h = half RTT, f = full RTT)", lat_series, "lat_us", 1.0)):
+        w("side by side, 1 QP (medians): " + title)
+        names = [n for n, _ in ser]
+        w(f"  {'size':>7} " + " ".join(f"{n[:14]:>14}" for n in names))
+        for size in SIZES:
+            row = []
+            for _, cs in ser:
+                c = cs.get(size)
+                row.append(fmt(med(c, metric) * scale) if c is not None and med(c, metric) is not None else "-")
+            if any(v != "-" for v in row):
+                w(f"  {size_str(size):>7} " + " ".join(f"{v:>14}" for v in row))
+        w("  columns: " + "; ".join(n for n in names))
+        w("")
+    w("targets (issue 6): ratio = softrdma / peer, of medians from this run")
+    if not any(c.variant == "socket" for c in cases):
+        w("  (socket path = softrdma's default here: no --socket-env was given to turn a same-host path off)")
+    for t in tgts:
+        status = "MET" if t["met"] else ("missed" if t["met"] is not None else "n/a")
+        if t["ratio"] is None:
+            w(f"  {status:6} {t['target']}: no figure ({t['why_missing']})")
+        else:
+            sc = 1e-9 if t["unit"] == "GB/s" else (1e-6 if t["unit"] == "Mmsg/s" else 1.0)
+            w(f"  {status:6} {t['target']}: {fmt(t['softrdma'] * sc)} vs {fmt(t['peer'] * sc)} {t['unit']}, "
+              f"ratio {t['ratio']:.2f} (needs {t['op']} {t['limit']})")
+    return "\n".join(lines) + "\n"
+
+
+def series(cases, metric):
+    """[(column name, {size: case})] of 1-QP cases that have `metric`, in a fixed order."""
+    out = {}
+    for c in cases:
+        if c.qps != 1 or c.missing or med(c, metric) is None:
+            continue
+        if metric == "bw" and c.tool == "libfabric":
+            continue  # fi_pingpong's MB/sec counts both directions of a ping-pong: not a bandwidth
+        if metric == "bw" and c.kind == "lat":
+            continue
+        name = c.label + ((" " + c.rtt[0]) if metric == "lat_us" else "")
+        out.setdefault(name, {})[c.size] = c
+    return list(out.items())
+
+
+def write_csv(path, cases):
+    cols = ["id", "tool", "test", "transport", "variant", "size", "qps", "kind", "latency_convention", "run",
+            "bw_bytes_per_sec", "msg_rate_per_sec", "lat_us", "lat_typical_us", "ops", "cpu_server_us_per_op",
+            "cpu_client_us_per_op", "packets_per_op", "retransmits", "syscalls_server_per_op",
+            "syscalls_client_per_op", "error"]
+    with open(path, "w", newline="") as f:
+        wr = csv.writer(f)
+        wr.writerow(cols)
+        for c in cases:
+            rows = list(enumerate(c.runs, 1))
+            if c.syscall_run:
+                rows.append(("syscalls", c.syscall_run))
+            if not rows:
+                rows = [("-", {"error": c.missing or "not run"})]
+            for run, r in rows:
+                wr.writerow([c.id, c.tool, c.test, c.transport, c.variant, c.size, c.qps, c.kind, c.rtt, run,
+                             r.get("bw"), r.get("rate"), r.get("lat_us"), r.get("lat_typical_us"), r.get("ops"),
+                             r.get("cpu_server_us"), r.get("cpu_client_us"), r.get("packets_per_op"),
+                             r.get("retransmits"), r.get("syscalls_server"), r.get("syscalls_client"),
+                             r.get("error", c.missing)])
+
+
+def plot(path, cases):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        return f"no plot: matplotlib is missing ({e}; Debian package python3-matplotlib)"
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(15, 6))
+    for ax, metric, scale, ylabel in ((ax1, "bw", 1e-9, "bandwidth, GB/s (10^9 B/s)"),
+                                      (ax2, "lat_us", 1.0, "latency, us (h: half RTT, f: full RTT)")):
+        for name, by_size in series(cases, metric):
+            xs = sorted(by_size)
+            ys = [med(by_size[x], metric) * scale for x in xs]
+            style = "-o" if name.startswith("ib_") else "--."
+            ax.plot(xs, ys, style, label=name, linewidth=2 if name.startswith("ib_") else 1)
+        if metric == "bw":
+            for q in (8, 64):
+                pts = sorted((c.size, med(c, "bw") * scale) for c in cases
+                             if c.test == "ib_write_bw" and c.qps == q and c.variant == "default"
+                             and med(c, "bw") is not None)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], ":o", label=f"ib_write_bw {q} QPs")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(SIZES)
+        ax.set_xticklabels([size_str(s) for s in SIZES])
+        ax.set_xlabel("message size")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    ax1.set_title("bandwidth against size (1 QP unless named)")
+    ax2.set_title("latency against size")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return None
+
+
+def git_commit():
+    try:
+        return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip() or "?"
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--quick", action="store_true", help="only the cases the targets need, short runs")
+    ap.add_argument("--runs", type=int, default=None, help="runs per case (default 3, --quick 1)")
+    ap.add_argument("--only", default=None, help="only the cases whose id matches this regular expression")
+    ap.add_argument("--build", default=os.path.join(REPO, "build"), help="the build directory (default build/)")
+    ap.add_argument("--out", default=None, help="where the outputs go (default BUILD/bench)")
+    ap.add_argument("--socket-env", action="append", default=[], metavar="VAR=VALUE",
+                    help="environment that turns softrdma's same-host path off: the socket-path target cases "
+                         "run again with it (variant 'socket')")
+    ap.add_argument("--no-syscalls", action="store_true", help="skip the syscall-counting pass")
+    ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--port-base", type=int, default=23000)
+    ap.add_argument("--list", action="store_true", help="print the case ids and exit")
+    args = ap.parse_args()
+    runs = args.runs or (1 if args.quick else 3)
+    build = os.path.abspath(args.build)
+    out = os.path.abspath(args.out or os.path.join(build, "bench"))
+    os.makedirs(out, exist_ok=True)
+
+    cases = all_cases(bool(args.socket_env))
+    if args.only:  # from every case (with --quick's short runs if given)
+        cases = [c for c in cases if re.search(args.only, c.id)]
+    elif args.quick:
+        cases = [c for c in cases if in_quick(c)]
+    cma_missing = cma_unavailable()
+    for c in cases:
+        if c.transport == "cma" and not c.missing and cma_missing:
+            c.missing = cma_missing
+    if args.list:
+        for c in cases:
+            print(c.id + (f"  (missing: {c.missing})" if c.missing else ""))
+        return 0
+    if not os.path.exists(os.path.join(build, "lib", "libibverbs.so.1")):
+        print(f"bench: {build}/lib/libibverbs.so.1 is missing: build first (scripts/build.sh)", file=sys.stderr)
+        return 2
+
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "host": os.uname().nodename, "kernel": os.uname().release, "cpus": os.cpu_count(),
+            "commit": git_commit(), "runs": runs, "quick": args.quick,
+            "loadavg_start": " ".join(open("/proc/loadavg").read().split()[:3]), "socket_env": args.socket_env}
+    runner = Runner(args, build, out)
+    todo = [c for c in cases if not c.missing]
+    started = time.monotonic()
+    for run in range(1, runs + 1):
+        for i, c in enumerate(todo, 1):
+            t0 = time.monotonic()
+            try:
+                r = runner.run(c, run)
+            except Missing as e:
+                r = {"error": str(e)}
+            c.runs.append(r)
+            fig = (f"{fmt(r['bw'] / 1e9)} GB/s" if "bw" in r and c.kind == "bw" else
+                   f"{fmt(r['lat_us'])} us {c.rtt}" if "lat_us" in r else "missing: " + r.get("error", "?"))
+            print(f"[run {run}/{runs} {i}/{len(todo)}] {c.id}: {fig} ({time.monotonic() - t0:.1f} s)", flush=True)
+    if not args.no_syscalls:
+        counter = SyscallCounter(runner.logdir)
+        if counter.how is None:
+            meta["syscalls"] = "not counted: " + counter.why
+        else:
+            meta["syscalls"] = counter.how
+            runner.sys = counter
+            for c in [c for c in todo if syscall_subset(c, args.quick)]:
+                try:
+                    c.syscall_run = runner.run(c, "sys")
+                except Missing as e:
+                    c.syscall_run = {"error": str(e)}
+                print(f"[syscalls] {c.id}: server {fmt(c.syscall_run.get('syscalls_server'))}/op, client "
+                      f"{fmt(c.syscall_run.get('syscalls_client'))}/op", flush=True)
+    else:
+        meta["syscalls"] = "skipped (--no-syscalls)"
+    meta["seconds"] = round(time.monotonic() - started, 1)
+    meta["loadavg_end"] = " ".join(open("/proc/loadavg").read().split()[:3])
+    # The end's load average includes the benchmark's own busy-polling processes: judge by the start's.
+    meta["under_load"] = float(meta["loadavg_start"].split()[0]) > 0.5
+
+    tg = targets(cases)
+    text = table(cases, meta, tg)
+    with open(os.path.join(out, "table.txt"), "w") as f:
+        f.write(text)
+    write_csv(os.path.join(out, "results.csv"), cases)
+    doc = {"meta": meta, "conventions": __doc__, "targets": tg,
+           "cases": [{"id": c.id, "tool": c.tool, "test": c.test, "transport": c.transport, "variant": c.variant,
+                      "size": c.size, "qps": c.qps, "kind": c.kind, "latency_convention": c.rtt,
+                      "missing": c.missing or None, "runs": c.runs, "syscall_run": c.syscall_run,
+                      "summary": summary(c)} for c in cases]}
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    print()
+    print(text, end="")
+    if not args.no_plot:
+        err = plot(os.path.join(out, "plot.png"), cases)
+        print(err if err else f"plot: {os.path.join(out, 'plot.png')}")
+    print(f"table: {out}/table.txt  csv: {out}/results.csv  json: {out}/results.json  ({meta['seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

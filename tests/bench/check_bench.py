@@ -1,0 +1,76 @@
+#!/usr/bin/python3
+"""Runs bench/run.py --quick and checks what it must produce: the table, a CSV and a JSON of raw figures with
+a figure (or a stated reason) for every case, CPU time and packets per operation for softrdma's cases, the
+targets, and the PNG plot. It asserts no speed. Usage: check_bench.py REPO BUILD OUTDIR"""
+import csv
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+repo, build, out = sys.argv[1:4]
+if not shutil.which("ib_write_bw"):
+    print("perftest not installed (scripts/deps.sh installs it)")
+    sys.exit(77)
+shutil.rmtree(out, ignore_errors=True)
+r = subprocess.run(["/usr/bin/python3", os.path.join(repo, "bench", "run.py"), "--quick", "--build", build,
+                    "--out", out], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=170)
+print(r.stdout)
+errors = []
+
+
+def check(cond, what):
+    if not cond:
+        errors.append(what)
+
+
+check(r.returncode == 0, f"bench/run.py exited {r.returncode}")
+table = open(os.path.join(out, "table.txt")).read() if os.path.exists(os.path.join(out, "table.txt")) else ""
+for heading in ("softrdma: perftest", "qperf", "UCX", "fi_pingpong", "floors", "side by side", "targets (issue 6)"):
+    check(heading in table, f"table.txt lacks '{heading}'")
+check(table and table in r.stdout, "the table printed differs from table.txt")
+
+doc = json.load(open(os.path.join(out, "results.json")))
+cases = doc["cases"]
+check(len(cases) >= 20, f"only {len(cases)} cases in results.json")
+tools = {"softrdma": "ib_write_bw", "qperf": "qperf", "ucx": "ucx_perftest", "libfabric": "fi_pingpong",
+         "floor": None}
+for c in cases:
+    metric = "bw" if c["kind"] == "bw" else "lat_us"
+    fig = c["summary"].get(metric, {}).get("median")
+    if c["missing"]:
+        check(len(c["missing"]) > 10, f"{c['id']}: missing without a reason")
+        continue
+    if tools.get(c["tool"]) and not shutil.which(tools[c["tool"]]):
+        continue  # a peer that is not installed: the table says so
+    check(fig is not None and fig > 0, f"{c['id']}: no {metric} figure ({[x.get('error') for x in c['runs']]})")
+    if c["tool"] == "softrdma" and fig:
+        for m in ("cpu_server_us", "cpu_client_us", "packets_per_op"):
+            check(c["summary"].get(m, {}).get("median", 0) > 0, f"{c['id']}: no {m}")
+        check(c["id"].split("/")[1] in table, f"{c['id']} not in the table")
+    if c["kind"] == "lat":
+        check(c["latency_convention"] in ("half", "full"), f"{c['id']}: latency not labelled half/full")
+
+targets = doc["targets"]
+check(len(targets) == 10, f"{len(targets)} targets, issue 6 lists 10")
+for t in targets:
+    check(t["ratio"] is not None or t["why_missing"], f"target without ratio or reason: {t['target']}")
+    check(t["target"] in table, f"target not in the table: {t['target']}")
+
+with open(os.path.join(out, "results.csv")) as f:
+    rows = list(csv.DictReader(f))
+ids = {c["id"] for c in cases}
+check({row["id"] for row in rows} == ids, "results.csv and results.json list different cases")
+sr = [row for row in rows if row["tool"] == "softrdma" and row["run"] == "1"]
+check(sr and all(row["bw_bytes_per_sec"] or row["lat_us"] for row in sr), "softrdma rows without figures in CSV")
+
+if importlib.util.find_spec("matplotlib"):
+    png = os.path.join(out, "plot.png")
+    check(os.path.exists(png) and open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n", "plot.png missing or not a PNG")
+
+for e in errors:
+    print("FAIL:", e)
+print("bench output checked:", "FAILED" if errors else "ok")
+sys.exit(1 if errors else 0)

@@ -425,7 +425,9 @@ class Runner:
             raise Missing(f"no figures in the output: {tail(out)}")
         r = {"ops": int(figs[1])}
         if case.kind == "bw":  # #bytes #iterations BW-peak BW-average[MiB/s] MsgRate[Mpps]
-            r.update(bw=float(figs[3]) * MIB, rate=float(figs[4]) * 1e6, raw_bw_mib=float(figs[3]))
+            # The rate has 6 decimals, the MiB/s 2 (0.16 at 8 B): bandwidth = rate * size, as perftest's own.
+            rate = float(figs[4]) * 1e6
+            r.update(bw=rate * case.size, rate=rate, raw_bw_mib=float(figs[3]))
         else:  # #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
             r.update(lat_us=float(figs[5]), lat_typical_us=float(figs[4]), lat_min_us=float(figs[2]))
         return self.finish(r, server, client)
@@ -980,7 +982,11 @@ def main():
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "host": os.uname().nodename, "kernel": os.uname().release, "cpus": os.cpu_count(),
             "commit": git_commit(), "runs": runs, "quick": args.quick,
-            "loadavg_start": " ".join(open("/proc/loadavg").read().split()[:3]), "socket_env": args.socket_env}
+            "loadavg_start": " ".join(open("/proc/loadavg").read().split()[:3]), "socket_env": args.socket_env,
+            "units": {"bw": "bytes/s", "rate": "operations/s", "lat_us": "microseconds, mean per operation",
+                      "lat_typical_us": "microseconds, the run's median", "cpu_*_us": "CPU microseconds per operation",
+                      "packets_per_op": "packets sent by both softrdma processes per operation",
+                      "syscalls_*": "syscalls per operation"}}
     runner = Runner(args, build, out)
     todo = [c for c in cases if not c.missing]
     started = time.monotonic()

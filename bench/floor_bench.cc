@@ -3,7 +3,8 @@
 //   floor-bench udp-server PORT                 echo datagrams on 127.0.0.1:PORT, busy-polling, until an
 //                                               empty datagram arrives
 //   floor-bench udp-client PORT SIZE ITERS      ping-pong SIZE-byte datagrams with that server, busy-polling
-//   floor-bench memcpy SIZE BYTES               copy SIZE bytes between two buffers until BYTES are copied
+//   floor-bench memcpy SIZE SECONDS             copy SIZE bytes between two buffers, again and again, for
+//                                               SECONDS
 //
 // Both sides of the ping-pong spin on non-blocking sockets (recv with MSG_DONTWAIT), as a busy-polling RDMA
 // application spins on its CQ, so the figure is the kernel's UDP loopback path and nothing else. The client
@@ -121,15 +122,21 @@ int udp_client(uint16_t port, size_t size, long iters) {
   return 0;
 }
 
-int memcpy_loop(size_t size, uint64_t bytes) {
+int memcpy_loop(size_t size, double seconds) {
   std::vector<char> src(size, 1), dst(size, 0);
-  const uint64_t iters = std::max<uint64_t>(bytes / size, 1);
+  // Batches of about 1 MiB between looks at the clock, until `seconds` have passed.
+  const uint64_t batch = std::max<uint64_t>((1u << 20) / size, 1);
+  uint64_t iters = 0;
   const auto start = Clock::now();
-  for (uint64_t i = 0; i < iters; ++i) {
-    std::memcpy(dst.data(), src.data(), size);
-    asm volatile("" : : "r"(dst.data()), "r"(src.data()) : "memory");  // keep every copy
-  }
-  const double s = std::chrono::duration<double>(Clock::now() - start).count();
+  double s = 0;
+  do {
+    for (uint64_t i = 0; i < batch; ++i) {
+      std::memcpy(dst.data(), src.data(), size);
+      asm volatile("" : : "r"(dst.data()), "r"(src.data()) : "memory");  // keep every copy
+    }
+    iters += batch;
+    s = std::chrono::duration<double>(Clock::now() - start).count();
+  } while (s < seconds);
   const double bps = static_cast<double>(iters) * static_cast<double>(size) / s;
   std::printf("size=%zu iters=%llu seconds=%.6f bytes_per_sec=%.1f gbps=%.3f mib_per_sec=%.1f\n", size,
               static_cast<unsigned long long>(iters), s, bps, bps / 1e9, bps / (1 << 20));
@@ -140,7 +147,7 @@ int usage() {
   std::fprintf(stderr,
                "usage: floor-bench udp-server PORT\n"
                "       floor-bench udp-client PORT SIZE ITERS\n"
-               "       floor-bench memcpy SIZE BYTES\n");
+               "       floor-bench memcpy SIZE SECONDS\n");
   return 2;
 }
 
@@ -158,8 +165,9 @@ int main(int argc, char** argv) {
     return udp_client(static_cast<uint16_t>(num(2)), size, iters);
   }
   if (cmd == "memcpy" && argc == 4) {
-    if (num(2) == 0) return usage();
-    return memcpy_loop(num(2), num(3));
+    const double seconds = std::strtod(argv[3], nullptr);
+    if (num(2) == 0 || !(seconds > 0)) return usage();
+    return memcpy_loop(num(2), seconds);
   }
   return usage();
 }

@@ -370,7 +370,7 @@ class Runner:
                     if not children_of(server.pid):
                         break
                     time.sleep(0.02)
-                server.kill(signal.SIGTERM)
+                server.kill(signal.SIGINT)  # perf stat (syscall pass) prints its count on SIGINT
                 if not server.wait_exit(time.monotonic() + 5):
                     server.kill()
                     server.wait_exit(time.monotonic() + 5)

@@ -946,7 +946,8 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--quick", action="store_true", help="only the cases the targets need, short runs")
     ap.add_argument("--runs", type=int, default=None, help="runs per case (default 3, --quick 1)")
-    ap.add_argument("--only", default=None, help="only the cases whose id matches this regular expression")
+    ap.add_argument("--only", default=None, help="only the cases whose id (see --list) matches this regular "
+                    "expression, chosen from all cases; with --quick they get --quick's short runs")
     ap.add_argument("--build", default=os.path.join(REPO, "build"), help="the build directory (default build/)")
     ap.add_argument("--out", default=None, help="where the outputs go (default BUILD/bench)")
     ap.add_argument("--socket-env", action="append", default=[], metavar="VAR=VALUE",

@@ -329,7 +329,7 @@ class Runner:
 
     def lat_iters(self, size):
         if self.quick:
-            return max(10, min(200, (2 * MIB) // size))
+            return max(10, min(100, MIB // size))  # under load a round trip can take 20 ms
         return max(20, min(5000, (256 * MIB) // size))
 
     def seconds(self):

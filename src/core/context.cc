@@ -1,5 +1,6 @@
 #include "core/context.h"
 
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -68,6 +69,7 @@ std::expected<Cq*, int> Context::create_cq(uint32_t cqe, CompChannel* channel, v
 int Context::destroy_cq(Cq* cq) {
   if (cq->users.load() != 0) return EBUSY;
   if (cq->channel()) cq->channel()->users.fetch_sub(1);
+  forget_events(cq);
   delete cq;
   return 0;
 }
@@ -82,6 +84,7 @@ std::expected<Srq*, int> Context::create_srq(Pd* pd, uint32_t max_wr, uint32_t m
 int Context::destroy_srq(Srq* srq) {
   if (srq->users.load() != 0) return EBUSY;
   srq->pd()->users.fetch_sub(1);
+  forget_events(srq);
   delete srq;
   return 0;
 }
@@ -145,6 +148,7 @@ int Context::destroy_qp(Qp* qp) {
   init.send_cq->users.fetch_sub(1);
   init.recv_cq->users.fetch_sub(1);
   if (init.srq) init.srq->users.fetch_sub(1);
+  forget_events(qp);
   delete qp;
   return 0;
 }
@@ -201,7 +205,8 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
     }
     const wire::Transport t = wire::transport_of(v.opcode());
     const QpType type = qp->type();
-    if ((type == QpType::kRc && t != wire::Transport::kRc) || (type == QpType::kUc && t != wire::Transport::kUc) ||
+    if ((type == QpType::kRc && t != wire::Transport::kRc) ||
+        (type == QpType::kUc && t != wire::Transport::kUc) ||
         (type == QpType::kUd && t != wire::Transport::kUd)) {
       c.add(Counter::drop_bad_opcode);
       continue;
@@ -302,8 +307,20 @@ bool Context::drive_from_app() {
   // one: the progress thread must keep receiving for it.
   const uint32_t empty = app_empty_polls_.load(std::memory_order_relaxed) + 1;
   app_empty_polls_.store(empty, std::memory_order_relaxed);
+  app_poll_seq_.store(app_poll_seq_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   if (empty >= kBusyPollRun && (polls & 15) == 1) app_drive_ns_.store(t, std::memory_order_relaxed);
-  return drive(tx, t, false) > 0;
+  const int got = drive(tx, t, false);
+  // Another thread has been driving through many polls: the progress thread, preempted on this CPU while
+  // it held the receive path (a woken progress thread runs briefly; if the scheduler's tick falls then,
+  // this thread spun without progress until the next tick, 4 ms). Yield so that it can finish.
+  thread_local uint32_t blocked = 0;
+  if (got >= 0) {
+    blocked = 0;
+  } else if (++blocked >= kYieldAfterBlockedPolls) {
+    blocked = 0;
+    sched_yield();
+  }
+  return got > 0;
 }
 
 void Context::kick() {
@@ -311,12 +328,20 @@ void Context::kick() {
 }
 
 void Context::raise(AsyncEventType type, void* object) {
-  {
-    std::lock_guard g(async_mu_);
-    async_q_.push_back({type, object});
-  }
+  std::lock_guard g(async_mu_);  // the queue and the fd's count move together (forget_events)
+  async_q_.push_back({type, object});
   uint64_t one = 1;
   [[maybe_unused]] ssize_t n = write(async_fd_, &one, sizeof one);
+}
+
+void Context::forget_events(const void* object) {
+  std::lock_guard g(async_mu_);
+  const size_t before = async_q_.size();
+  std::erase_if(async_q_, [object](const AsyncEvent& e) { return e.object == object; });
+  for (size_t i = async_q_.size(); i < before; ++i) {
+    uint64_t v;
+    [[maybe_unused]] ssize_t n = read(async_fd_, &v, sizeof v);  // a semaphore: takes one
+  }
 }
 
 std::expected<AsyncEvent, int> Context::get_async_event() {

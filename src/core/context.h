@@ -81,12 +81,17 @@ class Context {
     return now - app_drive_ns_.load(std::memory_order_relaxed) < ns;
   }
   void clear_app_driving() { app_drive_ns_.store(0, std::memory_order_relaxed); }
+  void set_app_driving(Nanos now) { app_drive_ns_.store(now, std::memory_order_relaxed); }
   // A poll found completions: the run of empty polls that marks a busy-polling thread starts again.
   void app_polled_something() {
-    if (app_empty_polls_.load(std::memory_order_relaxed)) app_empty_polls_.store(0, std::memory_order_relaxed);
+    if (app_empty_polls_.load(std::memory_order_relaxed))
+      app_empty_polls_.store(0, std::memory_order_relaxed);
   }
   // From an application thread: drives progress with a batch of its own if no one else is.
   bool drive_from_app();
+  // Counts the application's empty polls (a hint: relaxed, lost updates possible): a value that does not
+  // move for microseconds means no thread polls right now.
+  uint32_t app_poll_seq() const { return app_poll_seq_.load(std::memory_order_relaxed); }
 
   // Asks the driver to call tick() soon (a QP armed a timer or has queued work).
   void kick();
@@ -97,6 +102,9 @@ class Context {
 
   // Async events (ibv_get_async_event): a pollable eventfd and a queue.
   void raise(AsyncEventType type, void* object);
+  // Drops the unread events of an object being destroyed (rdma-core instead makes destroy wait until the
+  // application acknowledged them; an application that never reads events would then never get here).
+  void forget_events(const void* object);
   int async_fd() const { return async_fd_; }
   std::expected<AsyncEvent, int> get_async_event();  // EAGAIN when none
 
@@ -114,17 +122,19 @@ class Context {
   ContextConfig cfg_;
   MrTable mrs_;
 
-  std::mutex mu_;  // object creation and destruction (not the data path)
+  std::mutex mu_;                                    // object creation and destruction (not the data path)
   std::unique_ptr<std::atomic<QpBlock*>[]> blocks_;  // by QPN >> 8
   std::vector<uint16_t> ports_;                      // opened ports with free QPN slots
   std::vector<Qp*> qps_;                             // every QP, for the timer scan
   std::atomic<uint64_t> driver_gen_{0};
-  std::atomic<bool> driving_{false};       // one receiver at a time (io backends allow one rx caller)
+  std::atomic<bool> driving_{false};    // one receiver at a time (io backends allow one rx caller)
   std::atomic<Nanos> app_drive_ns_{0};  // when an application thread was last seen busy-polling
   static constexpr uint32_t kBusyPollRun = 64;
+  static constexpr uint32_t kYieldAfterBlockedPolls = 64;
   // A hint, not a count: threads may lose each other's updates (relaxed load and store, no RMW).
   std::atomic<uint32_t> app_empty_polls_{0};
-  std::atomic<Nanos> next_tick_{0};  // odd while rx_burst or tick runs (destroy_qp waits it out)
+  std::atomic<uint32_t> app_poll_seq_{0};
+  std::atomic<Nanos> next_tick_{0};      // odd while rx_burst or tick runs (destroy_qp waits it out)
   uint16_t next_virtual_port_ = 0xC000;  // standard mode: QPN blocks not tied to sockets
 
   void (*kick_fn_)(void*) = nullptr;

@@ -27,6 +27,7 @@ class Progress {
  private:
   void run();
   void drain_wake_fd();
+  bool on_packets_while_app_polls();
 
   core::Context* ctx_;
   ProgressConfig cfg_;

@@ -76,7 +76,10 @@ void Transport::retire(Qp& qp) {
     if (is_atomic(w) && qp.req_.rd_atomic) --qp.req_.rd_atomic;  // (READs count down per request)
     complete_send(qp, w, w.status);
     if (w.status != WcStatus::kSuccess) {
+      // The QP went to the error state on its own (retries exhausted, an error NAK): its completion says
+      // why, and an affiliated async event tells an application that watches events rather than CQs.
       to_error(qp);
+      qp.ctx()->raise(kEventQpFatal, &qp);
       return;
     }
   }

@@ -136,6 +136,12 @@ struct Responder {
     }
     if (qp.type() == QpType::kRc) {
       Transport::to_error(qp);
+      // The responder's errors as the IBTA names them (11.6.3.1): an invalid request, a local access
+      // violation, or another (catastrophic) one.
+      qp.ctx()->raise(nak_code == kNakInvalidRequest     ? kEventQpReqErr
+                      : nak_code == kNakRemoteAccessErr ? kEventQpAccessErr
+                                                        : kEventQpFatal,
+                      &qp);
     } else {
       // UC: drop the message and wait for the next one (IBTA.md 10, UC row).
       r.uc_drop = true;

@@ -2,6 +2,10 @@
 // that carried it, the QP states the IBTA prescribes (IBTA.md 9) and WR_FLUSH_ERR for everything behind.
 #include <gtest/gtest.h>
 
+#include <poll.h>
+
+#include <string>
+
 #include "transport/harness.h"
 
 namespace softrdma::test {
@@ -37,6 +41,14 @@ std::vector<Wc> step_timers(Harness& h, int max_steps) {
   return s;
 }
 
+// The next async event of a node's context: its type and its QP (or "none").
+std::string next_event(Node& n) {
+  auto e = n.ctx->get_async_event();
+  if (!e) return "none";
+  return std::to_string(e->type) + (e->object == n.qp ? " on its QP" : " on something else");
+}
+std::string event_on_qp(AsyncEventType t) { return std::to_string(t) + " on its QP"; }
+
 TEST(Errors, RetryExceededTakesRetryCntPlusOneTimeouts) {
   for (uint8_t retry_cnt : {0, 2, 5}) {
     SCOPED_TRACE(int{retry_cnt});
@@ -58,6 +70,9 @@ TEST(Errors, RetryExceededTakesRetryCntPlusOneTimeouts) {
     EXPECT_LE(g_now - t0, expect + expect / 100);
     EXPECT_EQ(h.net_.sent, retry_cnt + 1u);  // the original and one resend per retry
     EXPECT_EQ(h.a.counters.get(Counter::retry_timeouts), retry_cnt + 1u);
+    // The QP is in error, and says so with an async event too (a peer that died).
+    EXPECT_EQ(next_event(h.a), event_on_qp(kEventQpFatal));
+    EXPECT_EQ(next_event(h.a), "none");
     EXPECT_EQ(h.a.counters.get(Counter::retransmits), retry_cnt);
     EXPECT_EQ(state(h.a), QpState::kErr);
     EXPECT_EQ(state(h.b), QpState::kRts);  // the peer saw nothing
@@ -117,6 +132,21 @@ enum class Access { kBadRkey, kOutsideMr, kWriteNoRemoteWrite, kReadNoRemoteRead
 
 class RemoteAccess : public ::testing::TestWithParam<Access> {};
 
+// An event of a QP destroyed before the application read it is dropped, not handed out with a dangling QP.
+TEST(Errors, DestroyingAQpDropsItsUnreadEvents) {
+  QpOptions o = small();
+  o.timeout = 12;
+  o.retry_cnt = 0;
+  Harness h({.drop = 1.0}, o);
+  ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 0, 100, 7).remote(h.b, 0)), 0);
+  ASSERT_EQ(step_timers(h, 5).size(), 1u);
+  ASSERT_EQ(h.a.ctx->destroy_qp(h.a.qp), 0);
+  h.a.qp = nullptr;
+  EXPECT_EQ(next_event(h.a), "none");
+  pollfd p{h.a.ctx->async_fd(), POLLIN, 0};
+  EXPECT_EQ(poll(&p, 1, 0), 0) << "the event fd still counts the dropped event";
+}
+
 TEST_P(RemoteAccess, NakRemAccessErrAndBothQpsInError) {
   Harness h({}, small());
   const uint64_t kMrOff = 8192;
@@ -148,6 +178,9 @@ TEST_P(RemoteAccess, NakRemAccessErrAndBothQpsInError) {
   EXPECT_EQ(s[0].wr_id, 33u);
   EXPECT_EQ(h.b.counters.get(Counter::tx_nak_rem_access), 1u);
   EXPECT_EQ(h.a.counters.get(Counter::rx_nak_rem_access), 1u);
+  // Async events: the responder's local access violation, the requester's QP in error.
+  EXPECT_EQ(next_event(h.b), event_on_qp(kEventQpAccessErr));
+  EXPECT_EQ(next_event(h.a), event_on_qp(kEventQpFatal));
   EXPECT_EQ(state(h.a), QpState::kErr);
   EXPECT_EQ(state(h.b), QpState::kErr);
   // The responder's receives are flushed (no receive WQE was in use by the failed request).
@@ -218,6 +251,8 @@ TEST(Errors, QpAccessFlagsForbidOperation) {
     EXPECT_EQ(h.a.counters.get(Counter::rx_nak_inv_req), 1u);
     EXPECT_EQ(state(h.a), QpState::kErr);
     EXPECT_EQ(state(h.b), QpState::kErr);
+    EXPECT_EQ(next_event(h.b), event_on_qp(kEventQpReqErr));
+    EXPECT_EQ(next_event(h.a), event_on_qp(kEventQpFatal));
     EXPECT_TRUE(untouched(h.b, 1024, 64));
     ASSERT_TRUE(h.wait(h.b, h.b.rcq, 1, &r));
     // WRITE_WITH_IMM takes the receive WQE only when it passed the checks; either way it ends in error.

@@ -39,7 +39,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kRecvDepth = 8;                // receive WQEs per QP on the server
 constexpr uint32_t kImmSlots = kRecvDepth + 1;    // WRITE_WITH_IMM targets per QP (see ServerLayout)
-constexpr uint32_t kMaxQps = 256;
+constexpr uint32_t kMaxQps = 1024;
 constexpr uint64_t kMaxMaxSize = 1u << 20;
 constexpr uint32_t kRecvKinds = 3;                // WRITE_WITH_IMM, SEND, SEND_WITH_IMM per round
 constexpr int kDrainSeconds = 30;                 // after the client is done, how long the server waits
@@ -556,7 +556,7 @@ constexpr const char* kUsage =
     "  server              wait for one client on every address; prints \"listening on 0.0.0.0:PORT\"\n"
     "  client HOST PORT    connect to a server and run\n"
     "  -d DEVICE           softrdma device (default sr_lo)\n"
-    "  --qps N             RC QPs (default 8, at most 256)\n"
+    "  --qps N             RC QPs (default 8, at most 1024)\n"
     "  --ops N             rounds per QP, each round all 7 operations (default 2000)\n"
     "  --seconds S         stop starting rounds after S seconds (default 10)\n"
     "  --max-size BYTES    largest message (default 65536, at most 1048576; k/m suffixes)\n"

@@ -32,7 +32,17 @@ Context::~Context() {
   if (async_fd_ >= 0) close(async_fd_);
 }
 
+namespace {
+// One more object against `max`: false (and nothing taken) when there are that many already.
+bool take_one(std::atomic<uint32_t>& n, uint32_t max) {
+  if (n.fetch_add(1, std::memory_order_relaxed) < max) return true;
+  n.fetch_sub(1, std::memory_order_relaxed);
+  return false;
+}
+}  // namespace
+
 std::expected<Pd*, int> Context::alloc_pd() {
+  if (!take_one(n_pd_, kMaxPd)) return std::unexpected(ENOMEM);
   Pd* pd = new Pd;
   pd->ctx = this;
   return pd;
@@ -41,6 +51,7 @@ std::expected<Pd*, int> Context::alloc_pd() {
 int Context::dealloc_pd(Pd* pd) {
   if (pd->users.load() != 0) return EBUSY;
   delete pd;
+  n_pd_.fetch_sub(1, std::memory_order_relaxed);
   return 0;
 }
 
@@ -62,6 +73,7 @@ int Context::dereg_mr(Mr* mr) {
 
 std::expected<Cq*, int> Context::create_cq(uint32_t cqe, CompChannel* channel, void* user_context) {
   if (cqe < 1 || cqe > kMaxCqe) return std::unexpected(EINVAL);
+  if (!take_one(n_cq_, kMaxCq)) return std::unexpected(ENOMEM);
   if (channel) channel->users.fetch_add(1);
   return new Cq(this, cqe, channel, user_context);
 }
@@ -71,12 +83,14 @@ int Context::destroy_cq(Cq* cq) {
   if (cq->channel()) cq->channel()->users.fetch_sub(1);
   forget_events(cq);
   delete cq;
+  n_cq_.fetch_sub(1, std::memory_order_relaxed);
   return 0;
 }
 
 std::expected<Srq*, int> Context::create_srq(Pd* pd, uint32_t max_wr, uint32_t max_sge, uint32_t limit) {
   if (max_wr < 1 || max_wr > kMaxQpWr || max_sge < 1 || max_sge > kMaxSge || limit > max_wr)
     return std::unexpected(EINVAL);
+  if (!take_one(n_srq_, kMaxSrq)) return std::unexpected(ENOMEM);
   pd->users.fetch_add(1);
   return new Srq(this, pd, max_wr, max_sge, limit, nullptr);
 }
@@ -86,6 +100,7 @@ int Context::destroy_srq(Srq* srq) {
   srq->pd()->users.fetch_sub(1);
   forget_events(srq);
   delete srq;
+  n_srq_.fetch_sub(1, std::memory_order_relaxed);
   return 0;
 }
 
@@ -118,9 +133,13 @@ std::expected<Qp*, int> Context::create_qp(Pd* pd, const QpInitAttr& init) {
     return std::unexpected(EINVAL);
   if (init.type != QpType::kRc && init.type != QpType::kUc && init.type != QpType::kUd)
     return std::unexpected(EOPNOTSUPP);
+  if (!take_one(n_qp_, kMaxQp)) return std::unexpected(ENOMEM);
   std::lock_guard g(mu_);
   auto qpn = alloc_qpn();
-  if (!qpn) return std::unexpected(qpn.error());
+  if (!qpn) {
+    n_qp_.fetch_sub(1, std::memory_order_relaxed);
+    return std::unexpected(qpn.error());
+  }
   const uint16_t port = cfg_.standard_port ? wire::kRoceV2Port : static_cast<uint16_t>(*qpn >> 8);
   Qp* qp = new Qp(this, pd, *qpn, port, init);
   blocks_[*qpn >> 8].load()->qp[*qpn & 0xFF].store(qp, std::memory_order_release);
@@ -150,11 +169,13 @@ int Context::destroy_qp(Qp* qp) {
   if (init.srq) init.srq->users.fetch_sub(1);
   forget_events(qp);
   delete qp;
+  n_qp_.fetch_sub(1, std::memory_order_relaxed);
   return 0;
 }
 
 std::expected<Ah*, int> Context::create_ah(Pd* pd, const AhAttr& attr) {
   if (attr.port_num != 1) return std::unexpected(EINVAL);
+  if (!take_one(n_ah_, kMaxAh)) return std::unexpected(ENOMEM);
   Ah* ah = new Ah;
   ah->pd = pd;
   ah->attr = attr;
@@ -165,6 +186,7 @@ std::expected<Ah*, int> Context::create_ah(Pd* pd, const AhAttr& attr) {
 int Context::destroy_ah(Ah* ah) {
   ah->pd->users.fetch_sub(1);
   delete ah;
+  n_ah_.fetch_sub(1, std::memory_order_relaxed);
   return 0;
 }
 

@@ -134,6 +134,8 @@ class Context {
   // A hint, not a count: threads may lose each other's updates (relaxed load and store, no RMW).
   std::atomic<uint32_t> app_empty_polls_{0};
   std::atomic<uint32_t> app_poll_seq_{0};
+  // Live objects, against the limits the device reports.
+  std::atomic<uint32_t> n_pd_{0}, n_cq_{0}, n_qp_{0}, n_srq_{0}, n_ah_{0};
   std::atomic<Nanos> next_tick_{0};      // odd while rx_burst or tick runs (destroy_qp waits it out)
   uint16_t next_virtual_port_ = 0xC000;  // standard mode: QPN blocks not tied to sockets
 

@@ -25,6 +25,13 @@ inline constexpr uint32_t kMaxInline = 256;
 inline constexpr uint32_t kMaxQpWr = 16384;
 inline constexpr uint32_t kMaxCqe = 1u << 20;
 inline constexpr uint32_t kMaxMr = 1u << 15;
+// Objects per context (what ibv_query_device reports; one more fails with ENOMEM). QPs: each 256 take a
+// UDP socket with its receive buffers (2 MiB), so 16384 QPs hold 64 sockets and 128 MiB.
+inline constexpr uint32_t kMaxQp = 1u << 14;
+inline constexpr uint32_t kMaxCq = 1u << 16;
+inline constexpr uint32_t kMaxPd = 1u << 16;
+inline constexpr uint32_t kMaxAh = 1u << 16;
+inline constexpr uint32_t kMaxSrq = 1u << 16;
 inline constexpr uint32_t kMaxRdAtomic = 128;
 inline constexpr uint64_t kMaxMsgSize = 1ull << 31;  // 2 GiB
 inline constexpr uint32_t kGrhLen = 40;

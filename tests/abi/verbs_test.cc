@@ -586,3 +586,90 @@ TEST_F(Verbs, QpExWorkRequests) {
 }
 
 }  // namespace
+
+namespace {
+
+// Creates objects with `make` until it fails (at most `max` + 2 tries); returns how many it made and, in
+// `err`, the errno of the failure. Destroys them all with `destroy`.
+template <typename T, typename Make, typename Destroy>
+size_t fill_to_limit(uint32_t max, Make make, Destroy destroy, int* err) {
+  std::vector<T*> made;
+  *err = 0;
+  for (uint64_t i = 0; i < uint64_t{max} + 2; ++i) {
+    errno = 0;
+    T* o = make();
+    if (!o) {
+      *err = errno;
+      break;
+    }
+    made.push_back(o);
+  }
+  for (T* o : made) EXPECT_EQ(destroy(o), 0);
+  return made.size();
+}
+
+// Every object-count limit that ibv_query_device reports holds: the one past it fails with ENOMEM (as
+// mlx5 and rxe's earlier pools say), and every attribute limit with EINVAL.
+TEST_F(Verbs, EveryLimitQueryDeviceReportsIsEnforced) {
+  ibv_device_attr d;
+  ASSERT_EQ(ibv_query_device(ctx_, &d), 0);
+  int err;
+  // The fixture holds one PD, one CQ and one MR already.
+  EXPECT_EQ(fill_to_limit<ibv_pd>(d.max_pd, [&] { return ibv_alloc_pd(ctx_); }, ibv_dealloc_pd, &err) + 1,
+            size_t(d.max_pd));
+  EXPECT_EQ(err, ENOMEM);
+  EXPECT_EQ(fill_to_limit<ibv_cq>(d.max_cq, [&] { return ibv_create_cq(ctx_, 1, nullptr, nullptr, 0); },
+                                  ibv_destroy_cq, &err) + 1,
+            size_t(d.max_cq));
+  EXPECT_EQ(err, ENOMEM);
+  EXPECT_EQ(fill_to_limit<ibv_mr>(d.max_mr, [&] { return ibv_reg_mr(pd_, buf_.data(), 64, 0); }, ibv_dereg_mr,
+                                  &err) + 1,
+            size_t(d.max_mr));
+  EXPECT_EQ(err, ENOMEM);
+  ibv_ah_attr ah{};
+  ah.is_global = 1;
+  ASSERT_EQ(ibv_query_gid(ctx_, 1, 1, &ah.grh.dgid), 0);
+  ah.grh.sgid_index = 1;
+  ah.port_num = 1;
+  EXPECT_EQ(fill_to_limit<ibv_ah>(d.max_ah, [&] { return ibv_create_ah(pd_, &ah); }, ibv_destroy_ah, &err),
+            size_t(d.max_ah));
+  EXPECT_EQ(err, ENOMEM);
+  ibv_srq_init_attr sa{};
+  sa.attr = {1, 1, 0};
+  EXPECT_EQ(fill_to_limit<ibv_srq>(d.max_srq, [&] { return ibv_create_srq(pd_, &sa); }, ibv_destroy_srq, &err),
+            size_t(d.max_srq));
+  EXPECT_EQ(err, ENOMEM);
+  ibv_qp_init_attr qa{};
+  qa.send_cq = qa.recv_cq = cq_;
+  qa.qp_type = IBV_QPT_RC;
+  qa.cap = {1, 1, 1, 1, 0};
+  EXPECT_EQ(fill_to_limit<ibv_qp>(d.max_qp, [&] { return ibv_create_qp(pd_, &qa); }, ibv_destroy_qp, &err),
+            size_t(d.max_qp));
+  EXPECT_EQ(err, ENOMEM);
+
+  // Attributes one past their limit.
+  errno = 0;
+  EXPECT_EQ(ibv_create_cq(ctx_, d.max_cqe + 1, nullptr, nullptr, 0), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  for (int field = 0; field < 4; ++field) {
+    SCOPED_TRACE(field);
+    ibv_qp_init_attr a = qa;
+    if (field == 0) a.cap.max_send_wr = d.max_qp_wr + 1;
+    if (field == 1) a.cap.max_recv_wr = d.max_qp_wr + 1;
+    if (field == 2) a.cap.max_send_sge = d.max_sge + 1;
+    if (field == 3) a.cap.max_recv_sge = d.max_sge + 1;
+    errno = 0;
+    EXPECT_EQ(ibv_create_qp(pd_, &a), nullptr);
+    EXPECT_EQ(errno, EINVAL);
+  }
+  for (int field = 0; field < 2; ++field) {
+    ibv_srq_init_attr a = sa;
+    if (field == 0) a.attr.max_wr = d.max_srq_wr + 1;
+    if (field == 1) a.attr.max_sge = d.max_srq_sge + 1;
+    errno = 0;
+    EXPECT_EQ(ibv_create_srq(pd_, &a), nullptr);
+    EXPECT_EQ(errno, EINVAL);
+  }
+}
+
+}  // namespace

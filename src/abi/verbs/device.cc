@@ -17,12 +17,6 @@
 namespace softrdma::abi {
 namespace {
 
-// Limits the device reports; the core enforces the ones it has constants for.
-constexpr uint32_t kMaxQp = 1u << 16;
-constexpr uint32_t kMaxCq = 1u << 16;
-constexpr uint32_t kMaxPd = 1u << 16;
-constexpr uint32_t kMaxAh = 1u << 16;
-constexpr uint32_t kMaxSrq = 1u << 16;
 constexpr uint32_t kVendorId = 0xFFFFFF;  // rxe's; perftest's mlx5/EFA part IDs must be avoided (ABI.md)
 
 // The ops pointer of every device (verbs_device::ops): zeros, matched by no provider.
@@ -99,21 +93,21 @@ void fill_device_attr(const Device* d, ibv_device_attr* a) {
   a->vendor_id = kVendorId;
   a->vendor_part_id = 0;
   a->hw_ver = 0;
-  a->max_qp = kMaxQp;
+  a->max_qp = core::kMaxQp;
   a->max_qp_wr = core::kMaxQpWr;
   a->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID;
   a->max_sge = core::kMaxSge;
   a->max_sge_rd = core::kMaxSge;
-  a->max_cq = kMaxCq;
+  a->max_cq = core::kMaxCq;
   a->max_cqe = core::kMaxCqe;
   a->max_mr = core::kMaxMr;
-  a->max_pd = kMaxPd;
+  a->max_pd = core::kMaxPd;
   a->max_qp_rd_atom = core::kMaxRdAtomic;
   a->max_qp_init_rd_atom = core::kMaxRdAtomic;
   a->max_res_rd_atom = core::kMaxRdAtomic * 1024;
   a->atomic_cap = IBV_ATOMIC_HCA;
-  a->max_ah = kMaxAh;
-  a->max_srq = kMaxSrq;
+  a->max_ah = core::kMaxAh;
+  a->max_srq = core::kMaxSrq;
   a->max_srq_wr = core::kMaxQpWr;
   a->max_srq_sge = core::kMaxSge;
   a->max_pkeys = 1;

@@ -132,6 +132,12 @@ enum class Access { kBadRkey, kOutsideMr, kWriteNoRemoteWrite, kReadNoRemoteRead
 
 class RemoteAccess : public ::testing::TestWithParam<Access> {};
 
+std::string access_name(const ::testing::TestParamInfo<Access>& info) {
+  static const char* const kNames[] = {"BadRkey", "OutsideMr", "WriteNoRemoteWrite", "ReadNoRemoteRead",
+                                       "AtomicNoRemoteAtomic"};
+  return kNames[static_cast<int>(info.param)];
+}
+
 // An event of a QP destroyed before the application read it is dropped, not handed out with a dangling QP.
 TEST(Errors, DestroyingAQpDropsItsUnreadEvents) {
   QpOptions o = small();
@@ -195,7 +201,8 @@ TEST_P(RemoteAccess, NakRemAccessErrAndBothQpsInError) {
 
 INSTANTIATE_TEST_SUITE_P(Errors, RemoteAccess,
                          ::testing::Values(Access::kBadRkey, Access::kOutsideMr, Access::kWriteNoRemoteWrite,
-                                           Access::kReadNoRemoteRead, Access::kAtomicNoRemoteAtomic));
+                                           Access::kReadNoRemoteRead, Access::kAtomicNoRemoteAtomic),
+                         access_name);
 
 // The counterpart: a zero-length WRITE (or READ) names no memory, so its R_Key and VA are not checked
 // (C9-88; rxe skips the check too). A zero-byte WRITE WITH IMMEDIATE with rkey 0 is a common doorbell.

@@ -3,6 +3,7 @@
 // crashes the stack.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 
 #include "transport/harness.h"
@@ -332,6 +333,85 @@ TEST(Hostile, WriteEndingEarly) {
   EXPECT_EQ(cap.at(0).aeth_syndrome(), 0x61);
   EXPECT_EQ(h.b.qp->attr().qp_state, QpState::kErr);
   EXPECT_TRUE(Fenced::canaries_intact(h.b));
+}
+
+// An MR is reachable only through QPs of its own PD: its valid rkey from a QP of another PD is a remote
+// access error, and nothing is written.
+TEST(Hostile, MrOfAnotherPdIsNotReachable) {
+  Harness h({}, opts());
+  core::Pd* other = *h.b.ctx->alloc_pd();
+  std::memset(h.b.buf.data(), 0xC3, h.b.buf.size());
+  core::Mr* mr = *h.b.ctx->reg_mr(other, h.b.buf.data(), 4096, h.b.addr(), kAll);
+  Capture cap;
+  cap.attach(h);
+  std::vector<uint8_t> p = craft(rc(wire::kOpWriteOnly), h.b.qp->qpn(), kFirstPsn, 64);
+  PacketView(p.data(), static_cast<uint32_t>(p.size())).set_reth(h.b.addr(), mr->key, 64);
+  h.inject(h.b, p);
+  ASSERT_EQ(cap.size(), 1u);
+  EXPECT_EQ(cap.at(0).aeth_syndrome(), 0x62);
+  for (uint64_t i = 0; i < h.b.buf.size(); ++i) ASSERT_EQ(h.b.buf[i], 0xC3) << i;
+  EXPECT_EQ(h.b.ctx->dereg_mr(mr), 0);
+  EXPECT_EQ(h.b.ctx->dealloc_pd(other), 0);
+}
+
+// MR keys look random: distinct, no fixed step between one and the next, every bit set in about half of
+// them, and another context (another process) draws a different sequence (rxe's are small indexes).
+TEST(Hostile, MrKeysAreNotPredictable) {
+  Harness h({}, opts());
+  std::vector<core::Mr*> mrs;
+  std::vector<uint32_t> keys;
+  for (int i = 0; i < 1000; ++i) {
+    mrs.push_back(*h.b.ctx->reg_mr(h.b.pd, h.b.buf.data(), 64, h.b.addr(), kAll));
+    keys.push_back(mrs.back()->key);
+  }
+  std::vector<uint32_t> sorted = keys;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(std::adjacent_find(sorted.begin(), sorted.end()), sorted.end()) << "a key repeats";
+  int same_step = 0;
+  for (size_t i = 2; i < keys.size(); ++i) same_step += keys[i] - keys[i - 1] == keys[i - 1] - keys[i - 2];
+  EXPECT_LT(same_step, 3);
+  for (int bit = 0; bit < 32; ++bit) {
+    const auto ones = std::count_if(keys.begin(), keys.end(), [bit](uint32_t k) { return (k >> bit) & 1; });
+    EXPECT_GT(ones, 350) << "bit " << bit;
+    EXPECT_LT(ones, 650) << "bit " << bit;
+  }
+  EXPECT_NE(keys[0], h.a.mr->key);
+  Harness other({}, opts());
+  EXPECT_NE(other.b.mr->key, h.b.mr->key) << "two contexts drew the same first key";
+  for (core::Mr* mr : mrs) EXPECT_EQ(h.b.ctx->dereg_mr(mr), 0);
+}
+
+// rkeys are not guessable: an attacker on the connected peer's address trying 20000 random rkeys (WRITE
+// and READ) gets a remote access NAK for every one (the QP is set up again after each, as it goes to the
+// error state) and never touches the MR. (A hit would need the one 32-bit key among 20000 draws: p < 1e-5.)
+TEST(Hostile, RandomRkeysGetOnlyNaks) {
+  Harness h({}, opts());
+  Fenced f(h.b, kAll);
+  std::mt19937 rng(4242);
+  uint64_t naks = 0;
+  for (int i = 0; i < 20000; ++i) {
+    Capture cap;
+    cap.attach(h);
+    const bool read = i & 1;
+    std::vector<uint8_t> p =
+        craft(rc(read ? wire::kOpReadRequest : wire::kOpWriteOnly), h.b.qp->qpn(), kFirstPsn, read ? 0 : 64);
+    const uint32_t rkey = rng();
+    ASSERT_NE(rkey, f.mr->key) << "drew the real key: run again";
+    PacketView(p.data(), static_cast<uint32_t>(p.size())).set_reth(h.b.addr(Fenced::kOff), rkey, 64);
+    h.inject(h.b, p);
+    ASSERT_EQ(cap.size(), 1u) << "attempt " << i;
+    ASSERT_EQ(cap.at(0).opcode(), rc(wire::kOpAcknowledge));
+    ASSERT_EQ(cap.at(0).aeth_syndrome(), 0x62) << "attempt " << i;
+    ++naks;
+    core::QpAttr reset;
+    reset.qp_state = QpState::kReset;
+    ASSERT_EQ(h.b.qp->modify(reset, kQpState), 0);
+    h.connect(h.b, h.a);
+  }
+  EXPECT_EQ(naks, 20000u);
+  EXPECT_EQ(h.b.counters.get(Counter::tx_nak_rem_access), 20000u);
+  EXPECT_TRUE(Fenced::canaries_intact(h.b));
+  for (uint64_t i = Fenced::kOff; i < Fenced::kOff + Fenced::kLen; ++i) ASSERT_EQ(h.b.buf[i], 0) << i;
 }
 
 // Random packets (valid opcodes, random headers and lengths, from the peer) against an MR fenced with

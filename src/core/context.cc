@@ -260,7 +260,9 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
     } else {
       Transport::completer(*qp, v, tx, now);
     }
-    qp->next_deadline.store(Transport::deadline(*qp), std::memory_order_relaxed);
+    const Nanos d = Transport::deadline(*qp);
+    qp->next_deadline.store(d, std::memory_order_relaxed);
+    deadline_armed(d);
   }
   // One ACK per QP per burst covers every AckReq packet it received (ACK coalescing).
   for (uint32_t i = 0; i < n_touched; ++i) {
@@ -307,9 +309,11 @@ int Context::drive(io::TxBatch& tx, Nanos now, bool run_timers) {
     rx_burst(std::span(pkts, n), tx, now);
   }
   if (total) now = this->now();
-  if (run_timers || now >= next_tick_.load(std::memory_order_relaxed)) {
+  Nanos due = next_tick_.load(std::memory_order_relaxed);
+  if (run_timers || now >= due) {
     const Nanos next = tick(tx, now);
-    next_tick_.store(next ? next : now + 1'000'000, std::memory_order_relaxed);
+    // Unless a thread armed an earlier timer meanwhile (deadline_armed): then that one stands.
+    next_tick_.compare_exchange_strong(due, next ? next : now + 1'000'000, std::memory_order_relaxed);
   }
   driving_.store(false, std::memory_order_release);
   return total;

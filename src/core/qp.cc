@@ -24,6 +24,7 @@ void run_requester(Qp& qp) {
   const Nanos d = Transport::deadline(qp);
   if (d != qp.next_deadline.load(std::memory_order_relaxed)) {
     qp.next_deadline.store(d, std::memory_order_relaxed);
+    qp.ctx()->deadline_armed(d);
     if (d) qp.ctx()->kick();
   }
 }

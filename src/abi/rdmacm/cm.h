@@ -119,7 +119,13 @@ struct Id {
   int afonly = -1;
 
   int timeout_ms = 2000;      // from resolve_addr/resolve_route: bounds the TCP connect
-  int64_t deadline_ns = 0;    // service: when the pending step times out (0: none)
+  int64_t deadline_ns = 0;    // service: when the pending step is due (0: none)
+  // Connecting: the REQ (sent again on each attempt), until when the connect may take, until when a
+  // refusal is retried, and the next retry's delay.
+  std::string req;
+  int64_t connect_deadline_ns = 0, refused_until_ns = 0;
+  int retry_delay_ms = 0;
+  bool retry_pending = false;
 
   // Events handed to the application and events it acked (rdma_destroy_id waits for the second to reach
   // the first, as rdma-core's does).
@@ -136,7 +142,7 @@ inline Id* to_id(rdma_cm_id* id) { return reinterpret_cast<Id*>(id); }
 std::mutex& mu();
 std::condition_variable& acked_cv();
 
-// Assigns a handle and makes the id known to the service.
+// Assigns a handle and a random PSN and makes the id known to the service.
 void register_id(Id* id);
 // Forgets the id: no more events from the service, its socket closed. Under mu().
 void unregister_id(Id* id);
@@ -155,5 +161,26 @@ void send_msg(Id* id, const std::string& msg);
 void close_socket(Id* id);
 
 int64_t now_ns();
+
+inline socklen_t addr_len(const sockaddr* a) {
+  return a->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+}
+inline uint16_t port_of(const sockaddr* a) {  // network order
+  if (a->sa_family == AF_INET) return reinterpret_cast<const sockaddr_in*>(a)->sin_port;
+  if (a->sa_family == AF_INET6) return reinterpret_cast<const sockaddr_in6*>(a)->sin6_port;
+  return 0;
+}
+
+// A non-blocking TCP socket bound to addr, with the id's options. Returns 0 or an errno.
+int open_socket(Id* id, const sockaddr* addr, int* fd);
+
+// A connection refused (nobody listens yet) is tried again for this long, at most the application's
+// timeout, before it is REJECTED: a server that is about to listen (perftest -R sets up its listener only
+// after its out-of-band handshake with the client) is found. The IB CM would reject at once.
+constexpr int kRefusedGraceMs = 1000;
+
+// Connects the active id's socket to its destination and sends its REQ once connected (the service
+// completes it, retries a refusal and enforces connect_deadline_ns). Under mu().
+void start_connect(Id* id);
 
 }  // namespace softrdma::rdmacm

@@ -6,7 +6,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/eventfd.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -50,25 +49,9 @@ void free_channel(Channel* ch) {
   delete ch;
 }
 
-socklen_t addr_len(const sockaddr* a) {
-  return a->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
-}
-
 bool is_any(const sockaddr* a) {
   if (a->sa_family == AF_INET) return reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr == INADDR_ANY;
   return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr);
-}
-
-uint16_t port_of(const sockaddr* a) {
-  if (a->sa_family == AF_INET) return reinterpret_cast<const sockaddr_in*>(a)->sin_port;
-  if (a->sa_family == AF_INET6) return reinterpret_cast<const sockaddr_in6*>(a)->sin6_port;
-  return 0;
-}
-
-uint32_t random_psn() {
-  uint32_t v = 0;
-  if (getrandom(&v, sizeof v, 0) != sizeof v) v = static_cast<uint32_t>(now_ns());
-  return v & 0xffffff;
 }
 
 // The id takes the device that holds its source address. Under mu().
@@ -89,19 +72,8 @@ int attach_device(Id* id, const sockaddr* src) {
 // device of that address unless it is the any-address. Under mu().
 int bind_socket(Id* id, const sockaddr* addr) {
   if (addr->sa_family != AF_INET && addr->sa_family != AF_INET6) return EAFNOSUPPORT;
-  int fd = socket(addr->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return errno;
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  // A named port is a service: rebinding it must not wait for old connections' TIME_WAIT.
-  if (port_of(addr) || id->reuseaddr) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (addr->sa_family == AF_INET6 && id->afonly >= 0)
-    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &id->afonly, sizeof id->afonly);
-  if (bind(fd, addr, addr_len(addr)) < 0) {
-    int err = errno;
-    close(fd);
-    return err;
-  }
+  int fd;
+  if (int err = open_socket(id, addr, &fd)) return err;
   if (!is_any(addr)) {
     if (int err = attach_device(id, addr)) {
       close(fd);
@@ -809,7 +781,6 @@ SR_EXPORT int rdma_connect(rdma_cm_id* cm_id, rdma_conn_param* param) {
                                   ? param->responder_resources
                                   : id->dev->max_responder_resources;
     id->retry_count = param ? param->retry_count : 7;
-    id->psn = random_psn();
     wire::Conn req{};
     req.qpn = cm_id->qp ? cm_id->qp->qp_num : (param ? param->qp_num : 0);
     req.srq = cm_id->qp ? cm_id->qp->srq != nullptr : (param ? param->srq : 0);
@@ -823,25 +794,13 @@ SR_EXPORT int rdma_connect(rdma_cm_id* cm_id, rdma_conn_param* param) {
     req.rnr_retry_count = param ? param->rnr_retry_count : 7;
     if (param) copy_private(&req, param->private_data, pd_len);
 
-    id->out = wire::encode(ud ? wire::Type::kSidrReq : wire::Type::kReq, req);
+    id->req = wire::encode(ud ? wire::Type::kSidrReq : wire::Type::kReq, req);
     id->state = State::kConnecting;
-    id->tcp_connected = false;
-    const sockaddr* dst = &cm_id->route.addr.dst_addr;
-    if (connect(id->fd, dst, addr_len(dst)) < 0 && errno != EINPROGRESS) {
-      // Refused at once (nobody listens) or no route: the event says so, as the CM's would.
-      const int err = errno;
-      Event* e = new_event(id, err == ECONNREFUSED ? RDMA_CM_EVENT_REJECTED : RDMA_CM_EVENT_UNREACHABLE,
-                           err == ECONNREFUSED ? wire::kRejInvalidServiceId : -err);
-      e->ev.param.conn.private_data = e->private_data;
-      queue_event(e);
-      id->state = State::kClosed;
-      close_socket(id);
-    } else {
-      // The TCP connect must succeed within the application's resolve timeout (completed by the service).
-      id->deadline_ns = now_ns() + static_cast<int64_t>(id->timeout_ms) * 1'000'000;
-      watch(id);
-      wake_service();
-    }
+    const int64_t now = now_ns();
+    id->connect_deadline_ns = now + static_cast<int64_t>(id->timeout_ms) * 1'000'000;
+    id->refused_until_ns = now + std::min<int64_t>(id->timeout_ms, kRefusedGraceMs) * 1'000'000;
+    id->retry_delay_ms = 0;
+    start_connect(id);
   }
   return complete(id);
 }
@@ -913,7 +872,6 @@ SR_EXPORT int rdma_accept(rdma_cm_id* cm_id, rdma_conn_param* param) {
       id->responder_resources = std::min(id->responder_resources, id->dev->max_responder_resources);
     else
       id->responder_resources = param->responder_resources;
-    id->psn = random_psn();
   }
   if (!ud && qp_to_rts(id)) return -1;
   {

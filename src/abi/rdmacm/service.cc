@@ -7,9 +7,11 @@
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -246,6 +248,20 @@ void on_message(Id* id, const wire::Message& m) {
   }
 }
 
+// Nobody listens (yet): closes the socket and schedules another attempt, while the grace lasts.
+bool retry_refused(Id* id) {
+  const int64_t now = now_ns();
+  id->retry_delay_ms = std::clamp(id->retry_delay_ms * 2, 10, 100);
+  const int64_t at = now + static_cast<int64_t>(id->retry_delay_ms) * 1'000'000;
+  if (at > id->refused_until_ns) return false;
+  epoll_ctl(service().epfd, EPOLL_CTL_DEL, id->fd, nullptr);
+  close(id->fd);
+  id->fd = -1;
+  id->retry_pending = true;
+  id->deadline_ns = at;
+  return true;
+}
+
 // The peer closed the connection (or it failed): what that means in each state.
 void on_closed(Id* id, int err) {
   switch (id->state) {
@@ -255,7 +271,10 @@ void on_closed(Id* id, int err) {
       break;
     case State::kConnecting:
       if (!id->tcp_connected) {
-        if (err == ECONNREFUSED)
+        if (err == ECONNREFUSED && retry_refused(id)) return;
+        if (err == ECONNREFUSED && id->id.qp_type == IBV_QPT_UD)
+          fail_connect(id, RDMA_CM_EVENT_UNREACHABLE, wire::kSidrUnsupported);  // the SIDR REP's status
+        else if (err == ECONNREFUSED)
           fail_connect(id, RDMA_CM_EVENT_REJECTED, wire::kRejInvalidServiceId);
         else
           fail_connect(id, RDMA_CM_EVENT_UNREACHABLE, -(err ? err : ECONNRESET));
@@ -334,8 +353,9 @@ void on_io(Id* id, uint32_t events) {
       return;
     }
     id->tcp_connected = true;
-    // Connected: the REQ is sent; now the peer's application has a minute to answer.
+    // Connected: the REQ goes out; now the peer's application has a minute to answer.
     id->deadline_ns = now_ns() + kRepTimeoutNs;
+    id->out = id->req;
   }
   if (events & EPOLLOUT) flush(id);
   if (events & (EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLRDHUP)) {
@@ -367,7 +387,13 @@ void on_io(Id* id, uint32_t events) {
 
 void on_timeout(Id* id) {
   id->deadline_ns = 0;
-  if (id->state == State::kConnecting) fail_connect(id, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
+  if (id->state != State::kConnecting) return;
+  if (id->retry_pending) {
+    id->retry_pending = false;
+    start_connect(id);
+  } else {
+    fail_connect(id, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
+  }
 }
 
 void run() {
@@ -449,9 +475,49 @@ int64_t now_ns() {
   return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
+int open_socket(Id* id, const sockaddr* addr, int* out) {
+  int fd = socket(addr->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return errno;
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  // A named port is a service: rebinding it must not wait for old connections' TIME_WAIT.
+  if (port_of(addr) || id->reuseaddr) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (addr->sa_family == AF_INET6 && id->afonly >= 0)
+    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &id->afonly, sizeof id->afonly);
+  if (bind(fd, addr, addr_len(addr)) < 0) {
+    int err = errno;
+    close(fd);
+    return err;
+  }
+  *out = fd;
+  return 0;
+}
+
+void start_connect(Id* id) {
+  id->tcp_connected = false;
+  id->in.clear();
+  id->out.clear();
+  int err = 0;
+  if (id->fd < 0) err = open_socket(id, &id->id.route.addr.src_addr, &id->fd);  // a retry: same address
+  const sockaddr* dst = &id->id.route.addr.dst_addr;
+  if (!err && connect(id->fd, dst, addr_len(dst)) < 0 && errno != EINPROGRESS) err = errno;
+  if (err) {
+    on_closed(id, err);  // refused at once (retried while the grace lasts) or no route
+    return;
+  }
+  // The TCP connect must succeed within the application's timeout; writable means done (either way).
+  id->deadline_ns = id->connect_deadline_ns;
+  watch(id);
+  wake_service();
+}
+
 void register_id(Id* id) {
   Service& s = service();
   id->handle = s.next_handle++;
+  // The PSN is the id's from the start: an application that moves its own QP (rping -q) reads it through
+  // rdma_init_qp_attr before it accepts.
+  if (getrandom(&id->psn, sizeof id->psn, 0) != sizeof id->psn) id->psn = static_cast<uint32_t>(now_ns());
+  id->psn &= 0xffffff;
   s.ids[id->handle] = id;
   start_thread();
 }

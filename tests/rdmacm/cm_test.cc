@@ -357,6 +357,21 @@ TEST_F(Cm, DestroyedListenerRejectsItsPendingRequests) {
   EXPECT_EQ(rej.status, 28);
 }
 
+TEST_F(Cm, DestroyingAConnectedIdDisconnectsThePeer) {
+  connectable_rc_client();
+  ASSERT_EQ(rdma_connect(client_, nullptr), 0);
+  child_ = expect_event(sch_, RDMA_CM_EVENT_CONNECT_REQUEST).id;
+  ibv_qp_init_attr a = qp_attr(IBV_QPT_RC);
+  ASSERT_EQ(rdma_create_qp(child_, nullptr, &a), 0);
+  ASSERT_EQ(rdma_accept(child_, nullptr), 0);
+  expect_event(cch_, RDMA_CM_EVENT_ESTABLISHED);
+  expect_event(sch_, RDMA_CM_EVENT_ESTABLISHED);
+  rdma_destroy_qp(client_);
+  ASSERT_EQ(rdma_destroy_id(client_), 0);
+  client_ = nullptr;
+  expect_event(sch_, RDMA_CM_EVENT_DISCONNECTED);
+}
+
 TEST_F(Cm, GetaddrinfoGivesRcOverTcpPortSpaceAndPassiveSource) {
   rdma_addrinfo hints{};
   hints.ai_flags = RAI_PASSIVE;

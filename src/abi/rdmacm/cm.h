@@ -160,6 +160,11 @@ void send_msg(Id* id, const std::string& msg);
 // Closes the id's socket (after what is queued to it is written, as far as the kernel takes it now).
 void close_socket(Id* id);
 
+// Sends DREQ: DISCONNECTED follows with the DREP, the peer's own DREQ, its connection's end or a timeout.
+void disconnect(Id* id);
+// Frees a listener's accepted connections whose REQ has not come yet (the listener goes away).
+void drop_pending(Id* listener);
+
 int64_t now_ns();
 
 inline socklen_t addr_len(const sockaddr* a) {

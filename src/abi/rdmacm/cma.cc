@@ -381,13 +381,14 @@ SR_EXPORT int rdma_destroy_id(rdma_cm_id* cm_id) {
     if (e->ev.event == RDMA_CM_EVENT_CONNECT_REQUEST && e->ev.id != cm_id) drop_child(to_id(e->ev.id));
     delete e;
   }
-  withdraw(ch, [&](Event* e) { return e->ev.id == cm_id; });
+  for (Event* e : withdraw(ch, [&](Event* e) { return e->ev.id == cm_id; })) delete e;
+  if (id->state == State::kListening) drop_pending(id);
   // The peer learns of it as the kernel's rdma_cm would tell it: DREQ, or REJ to a request.
   switch (id->state) {
     case State::kConnected:
     case State::kRepSent:
     case State::kRepReceived:
-      if (cm_id->qp_type != IBV_QPT_UD) send_msg(id, wire::encode(wire::Type::kDreq));
+      if (cm_id->qp_type != IBV_QPT_UD) send_msg(id, wire::encode(wire::Type::kDreq));  // then closed
       break;
     case State::kReqReceived:
       if (cm_id->qp_type == IBV_QPT_UD) {
@@ -815,7 +816,10 @@ SR_EXPORT int rdma_listen(rdma_cm_id* cm_id, int backlog) {
     if (int err = bind_socket(id, reinterpret_cast<sockaddr*>(&any))) return fail(err);
   }
   if (id->state != State::kBound) return fail(EINVAL);
-  if (listen(id->fd, backlog > 0 ? backlog : SOMAXCONN) < 0) return -1;
+  // The backlog is the IB CM's concern only for iWARP; the service accepts at once, and a TCP backlog as
+  // small as perftest's (its QP count) would only make the kernel drop SYNs of a burst of connects.
+  (void)backlog;
+  if (listen(id->fd, SOMAXCONN) < 0) return -1;
   id->state = State::kListening;
   id->tcp_connected = true;
   watch(id);
@@ -952,8 +956,7 @@ SR_EXPORT int rdma_disconnect(rdma_cm_id* cm_id) {
       case State::kRepSent:
       case State::kRepReceived:
         if (cm_id->qp_type == IBV_QPT_UD) return fail(EINVAL);
-        send_msg(id, wire::encode(wire::Type::kDreq));
-        id->state = State::kDisconnecting;
+        disconnect(id);
         break;
       case State::kDisconnected:
         break;  // the peer was first: its DISCONNECTED is queued (and read below in synchronous mode)

@@ -33,6 +33,7 @@ struct Service {
 
 Service& service();
 
+constexpr int64_t kDreqTimeoutNs = 4'000'000'000;  // a DREQ nobody answers
 constexpr int64_t kRepTimeoutNs = 60'000'000'000;  // a listener's application that never answers (IB CM:
                                                    // about a minute of REQ retries)
 
@@ -387,6 +388,13 @@ void on_io(Id* id, uint32_t events) {
 
 void on_timeout(Id* id) {
   id->deadline_ns = 0;
+  if (id->state == State::kDisconnecting) {
+    // No DREP (the peer's host went away without closing): disconnected all the same, as the IB CM's
+    // DREQ timeout.
+    disconnected(id);
+    close_socket(id);
+    return;
+  }
   if (id->state != State::kConnecting) return;
   if (id->retry_pending) {
     id->retry_pending = false;
@@ -509,6 +517,23 @@ void start_connect(Id* id) {
   id->deadline_ns = id->connect_deadline_ns;
   watch(id);
   wake_service();
+}
+
+void disconnect(Id* id) {
+  send_msg(id, wire::encode(wire::Type::kDreq));
+  id->state = State::kDisconnecting;
+  id->deadline_ns = now_ns() + kDreqTimeoutNs;
+  wake_service();
+}
+
+void drop_pending(Id* listener) {
+  std::vector<Id*> pending;
+  for (auto& [h, id] : service().ids)
+    if (id->listener == listener) pending.push_back(id);
+  for (Id* id : pending) {
+    unregister_id(id);  // the peer sees its connection close before any answer: REJECTED
+    delete id;
+  }
 }
 
 void register_id(Id* id) {

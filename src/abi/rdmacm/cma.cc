@@ -781,7 +781,8 @@ SR_EXPORT int rdma_connect(rdma_cm_id* cm_id, rdma_conn_param* param) {
     id->responder_resources = param && param->responder_resources != RDMA_MAX_RESP_RES
                                   ? param->responder_resources
                                   : id->dev->max_responder_resources;
-    id->retry_count = param ? param->retry_count : 7;
+    // The IB CM's REQ and REP hold the retry counts in 3 bits (libfabric asks for 15: it gets 7).
+    id->retry_count = (param ? param->retry_count : 7) & 7;
     wire::Conn req{};
     req.qpn = cm_id->qp ? cm_id->qp->qp_num : (param ? param->qp_num : 0);
     req.srq = cm_id->qp ? cm_id->qp->srq != nullptr : (param ? param->srq : 0);
@@ -792,7 +793,7 @@ SR_EXPORT int rdma_connect(rdma_cm_id* cm_id, rdma_conn_param* param) {
     req.initiator_depth = id->initiator_depth;
     req.flow_control = param ? param->flow_control : 0;
     req.retry_count = id->retry_count;
-    req.rnr_retry_count = param ? param->rnr_retry_count : 7;
+    req.rnr_retry_count = (param ? param->rnr_retry_count : 7) & 7;
     if (param) copy_private(&req, param->private_data, pd_len);
 
     id->req = wire::encode(ud ? wire::Type::kSidrReq : wire::Type::kReq, req);
@@ -893,7 +894,7 @@ SR_EXPORT int rdma_accept(rdma_cm_id* cm_id, rdma_conn_param* param) {
       rep.responder_resources = id->responder_resources;
       rep.initiator_depth = id->initiator_depth;
       rep.flow_control = param ? param->flow_control : 0;
-      rep.rnr_retry_count = param ? param->rnr_retry_count : 7;
+      rep.rnr_retry_count = (param ? param->rnr_retry_count : 7) & 7;
       rep.qkey = id->qkey;
       if (param) copy_private(&rep, param->private_data, param->private_data_len);
       send_msg(id, wire::encode(ud ? wire::Type::kSidrRep : wire::Type::kRep, rep));

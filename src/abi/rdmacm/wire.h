@@ -43,7 +43,7 @@ struct Conn {
   uint8_t gid[16]{};
   uint8_t mtu = 0;  // enum ibv_mtu
   uint8_t responder_resources = 0, initiator_depth = 0;
-  uint8_t flow_control = 0, retry_count = 0, rnr_retry_count = 0, srq = 0;
+  uint8_t flow_control = 0, retry_count = 0, rnr_retry_count = 0, srq = 0;  // counts: 3 bits, as the IB CM's
   uint8_t status = 0;  // SIDR REP
   uint32_t qkey = 0;   // SIDR REP
   uint8_t private_data_len = 0;

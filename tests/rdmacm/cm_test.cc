@@ -202,8 +202,8 @@ TEST_F(Cm, ConnectAcceptCarryPrivateDataAndBothEndsExchangeMessages) {
   p.private_data = req_data;
   p.private_data_len = 57;  // one more than the IB CM's REQ holds
   p.responder_resources = p.initiator_depth = 1;
-  p.retry_count = 7;
-  p.rnr_retry_count = 7;
+  p.retry_count = 15;  // libfabric's: the IB CM's 3-bit field carries 7
+  p.rnr_retry_count = 6;
   EXPECT_EQ(rdma_connect(client_, &p), -1);
   EXPECT_EQ(errno, EINVAL);
   p.private_data_len = 56;
@@ -219,6 +219,8 @@ TEST_F(Cm, ConnectAcceptCarryPrivateDataAndBothEndsExchangeMessages) {
   EXPECT_EQ(req.conn.responder_resources, 1);
   EXPECT_EQ(req.conn.initiator_depth, 1);
   EXPECT_EQ(req.conn.qp_num, client_->qp->qp_num);
+  EXPECT_EQ(req.conn.retry_count, 7);
+  EXPECT_EQ(req.conn.rnr_retry_count, 6);
   EXPECT_EQ(child_->verbs, listener_->verbs);
 
   ibv_qp_init_attr ca = qp_attr(IBV_QPT_RC);

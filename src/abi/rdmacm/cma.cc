@@ -216,17 +216,28 @@ void ack_locked(rdma_cm_event* event) {
   delete e;
 }
 
+// Answers a connection request with a rejection: REJ (RC) or a SIDR REP with status "reject" (UD).
+// Under mu().
+void send_reject(Id* id, int reason, const void* data, uint8_t len) {
+  if (id->id.qp_type == IBV_QPT_UD) {
+    wire::Conn rep{};
+    rep.status = wire::kSidrReject;
+    copy_private(&rep, data, len);
+    send_msg(id, wire::encode(wire::Type::kSidrRep, rep));
+    return;
+  }
+  wire::Rej rej{};
+  rej.reason = static_cast<uint8_t>(reason);
+  if (data && len) {
+    memcpy(rej.private_data, data, len);
+    rej.private_data_len = len;
+  }
+  send_msg(id, wire::encode(rej));
+}
+
 // Frees an id the application never saw (a request withdrawn with its listener), answering its peer.
 void drop_child(Id* child) {
-  if (child->state == State::kReqReceived) {
-    if (child->id.qp_type == IBV_QPT_UD) {
-      wire::Conn rep{};
-      rep.status = wire::kSidrReject;
-      send_msg(child, wire::encode(wire::Type::kSidrRep, rep));
-    } else {
-      send_msg(child, wire::encode(wire::Rej{.reason = wire::kRejConsumerDefined}));
-    }
-  }
+  if (child->state == State::kReqReceived) send_reject(child, wire::kRejConsumerDefined, nullptr, 0);
   unregister_id(child);
   if (child->sync) free_channel(to_channel(child->id.channel));
   delete child;
@@ -239,20 +250,7 @@ int reject(rdma_cm_id* cm_id, const void* data, uint8_t len, int reason) {
   if (len > (ud ? wire::kSidrRepPrivateData : wire::kRejPrivateData)) return fail(EINVAL);
   std::lock_guard lk(mu());
   if (id->state != State::kReqReceived) return fail(EINVAL);
-  if (ud) {
-    wire::Conn rep{};
-    rep.status = wire::kSidrReject;
-    copy_private(&rep, data, len);
-    send_msg(id, wire::encode(wire::Type::kSidrRep, rep));
-  } else {
-    wire::Rej rej{};
-    rej.reason = static_cast<uint8_t>(reason);
-    if (data && len) {
-      memcpy(rej.private_data, data, len);
-      rej.private_data_len = len;
-    }
-    send_msg(id, wire::encode(rej));
-  }
+  send_reject(id, reason, data, len);
   id->state = State::kClosed;
   return 0;
 }
@@ -391,13 +389,7 @@ SR_EXPORT int rdma_destroy_id(rdma_cm_id* cm_id) {
       if (cm_id->qp_type != IBV_QPT_UD) send_msg(id, wire::encode(wire::Type::kDreq));  // then closed
       break;
     case State::kReqReceived:
-      if (cm_id->qp_type == IBV_QPT_UD) {
-        wire::Conn rep{};
-        rep.status = wire::kSidrReject;
-        send_msg(id, wire::encode(wire::Type::kSidrRep, rep));
-      } else {
-        send_msg(id, wire::encode(wire::Rej{.reason = wire::kRejConsumerDefined}));
-      }
+      send_reject(id, wire::kRejConsumerDefined, nullptr, 0);
       break;
     default:
       break;

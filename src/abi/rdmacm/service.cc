@@ -67,21 +67,23 @@ void fill_ud_event(Event* e, const wire::Conn& c, uint8_t padded_len) {
   p.qkey = c.qkey;
 }
 
+// No service here for a request (no listener of its kind, no device for the address): the IB CM's answers.
+void refuse(Id* child, bool ud) {
+  if (ud) {
+    wire::Conn rep{};
+    rep.status = wire::kSidrUnsupported;
+    send_msg(child, wire::encode(wire::Type::kSidrRep, rep));
+  } else {
+    send_msg(child, wire::encode(wire::Rej{.reason = wire::kRejInvalidServiceId}));
+  }
+  child->state = State::kClosed;
+}
+
 // A connection request on a listener: the pending id becomes a child the application sees.
 void on_req(Id* child, const wire::Message& m) {
   Id* lis = child->listener;
   const bool ud = m.type == wire::Type::kSidrReq;
-  if (!lis || lis->state != State::kListening || ud != (lis->id.qp_type == IBV_QPT_UD)) {
-    if (ud) {
-      wire::Conn rep{};
-      rep.status = wire::kSidrUnsupported;
-      send_msg(child, wire::encode(wire::Type::kSidrRep, rep));
-    } else {
-      send_msg(child, wire::encode(wire::Rej{.reason = wire::kRejInvalidServiceId}));
-    }
-    child->state = State::kClosed;
-    return;
-  }
+  if (!lis || lis->state != State::kListening || ud != (lis->id.qp_type == IBV_QPT_UD)) return refuse(child, ud);
   // The local address the peer reached selects the device (a listener on any address serves them all).
   sockaddr_storage local{}, peer{};
   socklen_t len = sizeof local;
@@ -90,11 +92,7 @@ void on_req(Id* child, const wire::Message& m) {
   getpeername(child->fd, reinterpret_cast<sockaddr*>(&peer), &len);
   child->sgid = gid_of(reinterpret_cast<sockaddr*>(&local));
   child->dev = find_device(child->sgid, &child->gid_index);
-  if (!child->dev) {
-    send_msg(child, wire::encode(wire::Rej{.reason = wire::kRejInvalidServiceId}));
-    child->state = State::kClosed;
-    return;
-  }
+  if (!child->dev) return refuse(child, ud);
   child->id.verbs = child->dev->verbs;
   child->id.pd = child->dev->pd;
   child->id.port_num = 1;

@@ -288,9 +288,11 @@ void fill_ops(Context* ctx) {
 }
 
 ibv_qp* create_qp_common(Context* ctx, Pd* pd, const ibv_qp_init_attr_ex& attr) {
-  if (!attr.send_cq || !attr.recv_cq) return fail<ibv_qp>(EINVAL);
+  // The type first: an XRC QP (rdma_xclient -c x creates one without a receive CQ) is not there, not
+  // malformed.
   if (attr.qp_type != IBV_QPT_RC && attr.qp_type != IBV_QPT_UC && attr.qp_type != IBV_QPT_UD)
     return fail<ibv_qp>(EOPNOTSUPP);
+  if (!attr.send_cq || !attr.recv_cq) return fail<ibv_qp>(EINVAL);
   auto* qp = new Qp{};
   core::QpInitAttr init;
   init.type = static_cast<QpType>(attr.qp_type);

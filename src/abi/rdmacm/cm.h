@@ -114,7 +114,7 @@ struct Id {
 
   // rdma_set_option
   uint8_t tos = 0;
-  uint8_t ack_timeout = 18;  // the kernel's for RoCE: packet lifetime 16, plus one each way
+  uint8_t ack_timeout = 17;  // the kernel's for RoCE: the path's packet lifetime (16) plus one, about 0.5 s
   bool reuseaddr = false;
   int afonly = -1;
 

@@ -75,15 +75,15 @@ enum class State : uint8_t {
   kAddrResolved,   // source and destination known (rdma_resolve_addr)
   kRouteResolved,  // rdma_resolve_route
   kListening,
-  kConnecting,    // active: TCP connect and REQ sent, waiting for REP/REJ
-  kRepReceived,   // active: REP in, RTU not yet sent (CONNECT_RESPONSE, then rdma_establish)
-  kPending,       // passive: accepted TCP connection, its REQ not yet read (invisible to the application)
-  kReqReceived,   // passive: CONNECT_REQUEST delivered, waiting for accept/reject
-  kRepSent,       // passive: REP out, waiting for RTU
-  kConnected,     // RC established; for UD, SIDR done
-  kDisconnecting, // DREQ sent, waiting for DREP
-  kDisconnected,  // DISCONNECTED queued
-  kClosed,        // rejected, refused, unreachable or failed: nothing more will happen
+  kConnecting,     // active: TCP connect and REQ sent, waiting for REP/REJ
+  kRepReceived,    // active: REP in, RTU not yet sent (CONNECT_RESPONSE, then rdma_establish)
+  kPending,        // passive: accepted TCP connection, its REQ not yet read (invisible to the application)
+  kReqReceived,    // passive: CONNECT_REQUEST delivered, waiting for accept/reject
+  kRepSent,        // passive: REP out, waiting for RTU
+  kConnected,      // RC established; for UD, SIDR done
+  kDisconnecting,  // DREQ sent, waiting for DREP
+  kDisconnected,   // DISCONNECTED queued
+  kClosed,         // rejected, refused, unreachable or failed: nothing more will happen
 };
 
 struct Id {
@@ -109,7 +109,7 @@ struct Id {
   bool have_remote = false;
   ibv_mtu path_mtu = IBV_MTU_1024;
   uint8_t responder_resources = 0, initiator_depth = 0;  // for our QP (max_dest_rd_atomic, max_rd_atomic)
-  uint8_t retry_count = 7, rnr_retry_count = 7;           // for our QP's RTS
+  uint8_t retry_count = 7, rnr_retry_count = 7;          // for our QP's RTS
   uint32_t qkey = RDMA_UDP_QKEY;
 
   // rdma_set_option
@@ -118,8 +118,8 @@ struct Id {
   bool reuseaddr = false;
   int afonly = -1;
 
-  int timeout_ms = 2000;      // from resolve_addr/resolve_route: bounds the TCP connect
-  int64_t deadline_ns = 0;    // service: when the pending step is due (0: none)
+  int timeout_ms = 2000;    // from resolve_addr/resolve_route: bounds the TCP connect
+  int64_t deadline_ns = 0;  // service: when the pending step is due (0: none)
   // Connecting: the REQ (sent again on each attempt), until when the connect may take, until when a
   // refusal is retried, and the next retry's delay.
   std::string req;

@@ -153,7 +153,8 @@ int check_param(Id* id, const rdma_conn_param* p) {
   if (id->id.ps != RDMA_PS_TCP) return 0;
   if (!id->id.qp && !p) return EINVAL;
   if (!p || !id->dev) return 0;
-  if (p->responder_resources != RDMA_MAX_RESP_RES && p->responder_resources > id->dev->max_responder_resources)
+  if (p->responder_resources != RDMA_MAX_RESP_RES &&
+      p->responder_resources > id->dev->max_responder_resources)
     return EINVAL;
   if (p->initiator_depth != RDMA_MAX_INIT_DEPTH && p->initiator_depth > id->dev->max_initiator_depth)
     return EINVAL;
@@ -339,11 +340,11 @@ SR_EXPORT int rdma_ack_cm_event(rdma_cm_event* event) {
 
 SR_EXPORT const char* rdma_event_str(rdma_cm_event_type event) {
   static const char* const kNames[] = {
-      "RDMA_CM_EVENT_ADDR_RESOLVED",    "RDMA_CM_EVENT_ADDR_ERROR",       "RDMA_CM_EVENT_ROUTE_RESOLVED",
-      "RDMA_CM_EVENT_ROUTE_ERROR",      "RDMA_CM_EVENT_CONNECT_REQUEST",  "RDMA_CM_EVENT_CONNECT_RESPONSE",
-      "RDMA_CM_EVENT_CONNECT_ERROR",    "RDMA_CM_EVENT_UNREACHABLE",      "RDMA_CM_EVENT_REJECTED",
-      "RDMA_CM_EVENT_ESTABLISHED",      "RDMA_CM_EVENT_DISCONNECTED",     "RDMA_CM_EVENT_DEVICE_REMOVAL",
-      "RDMA_CM_EVENT_MULTICAST_JOIN",   "RDMA_CM_EVENT_MULTICAST_ERROR",  "RDMA_CM_EVENT_ADDR_CHANGE",
+      "RDMA_CM_EVENT_ADDR_RESOLVED",  "RDMA_CM_EVENT_ADDR_ERROR",      "RDMA_CM_EVENT_ROUTE_RESOLVED",
+      "RDMA_CM_EVENT_ROUTE_ERROR",    "RDMA_CM_EVENT_CONNECT_REQUEST", "RDMA_CM_EVENT_CONNECT_RESPONSE",
+      "RDMA_CM_EVENT_CONNECT_ERROR",  "RDMA_CM_EVENT_UNREACHABLE",     "RDMA_CM_EVENT_REJECTED",
+      "RDMA_CM_EVENT_ESTABLISHED",    "RDMA_CM_EVENT_DISCONNECTED",    "RDMA_CM_EVENT_DEVICE_REMOVAL",
+      "RDMA_CM_EVENT_MULTICAST_JOIN", "RDMA_CM_EVENT_MULTICAST_ERROR", "RDMA_CM_EVENT_ADDR_CHANGE",
       "RDMA_CM_EVENT_TIMEWAIT_EXIT"};
   if (event < RDMA_CM_EVENT_ADDR_RESOLVED || event > RDMA_CM_EVENT_TIMEWAIT_EXIT) return "UNKNOWN EVENT";
   return kNames[event];
@@ -463,8 +464,10 @@ SR_EXPORT int rdma_resolve_addr(rdma_cm_id* cm_id, sockaddr* src, sockaddr* dst,
       if (int err = route_source(dst, &s)) {
         status = -err;
       } else if (id->state == State::kIdle) {
-        if (src) reinterpret_cast<sockaddr_in*>(&s)->sin_port = port_of(src);
-        else reinterpret_cast<sockaddr_in*>(&s)->sin_port = 0;
+        if (src)
+          reinterpret_cast<sockaddr_in*>(&s)->sin_port = port_of(src);
+        else
+          reinterpret_cast<sockaddr_in*>(&s)->sin_port = 0;
         if (int err = bind_socket(id, reinterpret_cast<sockaddr*>(&s))) status = -err;
       } else if (int err = attach_device(id, reinterpret_cast<sockaddr*>(&s))) {
         status = -err;  // bound to the any-address: the device of the route's source
@@ -581,7 +584,8 @@ SR_EXPORT int rdma_init_qp_attr(rdma_cm_id* cm_id, ibv_qp_attr* attr, int* mask)
         attr->qp_access_flags = 0;
         if (id->have_remote) {
           attr->qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
-          if (id->responder_resources) attr->qp_access_flags |= IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+          if (id->responder_resources)
+            attr->qp_access_flags |= IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
         }
         *mask |= IBV_QP_ACCESS_FLAGS;
       }
@@ -768,8 +772,9 @@ SR_EXPORT int rdma_connect(rdma_cm_id* cm_id, rdma_conn_param* param) {
     const uint8_t pd_len = param && param->private_data ? param->private_data_len : 0;
     if (pd_len > (ud ? wire::kSidrReqPrivateData : wire::kReqPrivateData)) return fail(EINVAL);
 
-    id->initiator_depth = param && param->initiator_depth != RDMA_MAX_INIT_DEPTH ? param->initiator_depth
-                                                                                   : id->dev->max_initiator_depth;
+    id->initiator_depth = param && param->initiator_depth != RDMA_MAX_INIT_DEPTH
+                              ? param->initiator_depth
+                              : id->dev->max_initiator_depth;
     id->responder_resources = param && param->responder_resources != RDMA_MAX_RESP_RES
                                   ? param->responder_resources
                                   : id->dev->max_responder_resources;
@@ -857,8 +862,8 @@ SR_EXPORT int rdma_accept(rdma_cm_id* cm_id, rdma_conn_param* param) {
     std::lock_guard lk(mu());
     if (id->state != State::kReqReceived) return fail(EINVAL);
     if (int err = check_param(id, param)) return fail(err);
-    if (param && param->private_data && param->private_data_len > (ud ? wire::kSidrRepPrivateData
-                                                                      : wire::kRepPrivateData))
+    if (param && param->private_data &&
+        param->private_data_len > (ud ? wire::kSidrRepPrivateData : wire::kRepPrivateData))
       return fail(EINVAL);
     // Start from what the requester offered, within the device's limits, unless told otherwise.
     if (!param || param->initiator_depth == RDMA_MAX_INIT_DEPTH)
@@ -962,7 +967,8 @@ SR_EXPORT int rdma_disconnect(rdma_cm_id* cm_id) {
 
 // ---- endpoints (rdma_create_ep: synchronous ids) ----
 
-SR_EXPORT int rdma_create_ep(rdma_cm_id** out, rdma_addrinfo* res, ibv_pd* pd, ibv_qp_init_attr* qp_init_attr) {
+SR_EXPORT int rdma_create_ep(rdma_cm_id** out, rdma_addrinfo* res, ibv_pd* pd,
+                             ibv_qp_init_attr* qp_init_attr) {
   if (!out || !res) return fail(EINVAL);
   rdma_cm_id* cm_id;
   if (create_id_checked(nullptr, &cm_id, nullptr, static_cast<rdma_port_space>(res->ai_port_space),

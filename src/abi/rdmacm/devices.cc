@@ -32,7 +32,8 @@ Registry& registry() {
     d->verbs = ctx;
     ibv_device_attr attr{};
     if (ibv_query_device(ctx, &attr) == 0) {
-      d->max_responder_resources = static_cast<uint8_t>(attr.max_qp_rd_atom > 255 ? 255 : attr.max_qp_rd_atom);
+      d->max_responder_resources =
+          static_cast<uint8_t>(attr.max_qp_rd_atom > 255 ? 255 : attr.max_qp_rd_atom);
       d->max_initiator_depth =
           static_cast<uint8_t>(attr.max_qp_init_rd_atom > 255 ? 255 : attr.max_qp_init_rd_atom);
     }

@@ -83,7 +83,8 @@ void refuse(Id* child, bool ud) {
 void on_req(Id* child, const wire::Message& m) {
   Id* lis = child->listener;
   const bool ud = m.type == wire::Type::kSidrReq;
-  if (!lis || lis->state != State::kListening || ud != (lis->id.qp_type == IBV_QPT_UD)) return refuse(child, ud);
+  if (!lis || lis->state != State::kListening || ud != (lis->id.qp_type == IBV_QPT_UD))
+    return refuse(child, ud);
   // The local address the peer reached selects the device (a listener on any address serves them all).
   sockaddr_storage local{}, peer{};
   socklen_t len = sizeof local;

@@ -4,12 +4,12 @@
 // big-endian) and a body of big-endian fields in the order of `Conn` / `Rej` below.
 #pragma once
 
+#include <infiniband/verbs.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
-
-#include <infiniband/verbs.h>
 
 namespace softrdma::rdmacm::wire {
 
@@ -29,9 +29,9 @@ constexpr uint8_t kSidrRepPrivateData = 136;
 constexpr size_t kMaxPrivateData = 256;
 
 // IB CM reject reasons that rdma_cm reports as the status of REJECTED.
-constexpr int kRejTimeout = 4;            // the peer went away while the connection was being set up
-constexpr int kRejInvalidServiceId = 8;   // nobody listens on that port
-constexpr int kRejConsumerDefined = 28;   // rdma_reject
+constexpr int kRejTimeout = 4;                    // the peer went away while the connection was being set up
+constexpr int kRejInvalidServiceId = 8;           // nobody listens on that port
+constexpr int kRejConsumerDefined = 28;           // rdma_reject
 constexpr int kRejVendorOptionNotSupported = 35;  // rdma_reject_ece
 // SIDR REP status (UD): reported as the status of UNREACHABLE.
 constexpr uint8_t kSidrSuccess = 0, kSidrUnsupported = 1, kSidrReject = 2;
@@ -44,8 +44,8 @@ struct Conn {
   uint8_t mtu = 0;  // enum ibv_mtu
   uint8_t responder_resources = 0, initiator_depth = 0;
   uint8_t flow_control = 0, retry_count = 0, rnr_retry_count = 0, srq = 0;  // counts: 3 bits, as the IB CM's
-  uint8_t status = 0;  // SIDR REP
-  uint32_t qkey = 0;   // SIDR REP
+  uint8_t status = 0;                                                       // SIDR REP
+  uint32_t qkey = 0;                                                        // SIDR REP
   uint8_t private_data_len = 0;
   uint8_t private_data[kMaxPrivateData]{};
 };

@@ -303,8 +303,9 @@ ibv_qp* create_qp_common(Context* ctx, Pd* pd, const ibv_qp_init_attr_ex& attr) 
               attr.cap.max_inline_data};
   // As rxe: a send WQE holds max_send_sge SGEs, and that much room is always good for inline data
   // (rdma_xclient sends 16 bytes inline on a QP created with max_inline_data 0 and one SGE).
-  init.cap.max_inline_data = std::max(init.cap.max_inline_data,
-                                      std::min<uint32_t>(init.cap.max_send_sge * sizeof(ibv_sge), core::kMaxInline));
+  init.cap.max_inline_data =
+      std::max(init.cap.max_inline_data,
+               std::min<uint32_t>(init.cap.max_send_sge * sizeof(ibv_sge), core::kMaxInline));
   if (init.srq) init.cap.max_recv_wr = init.cap.max_recv_sge = 0;
   init.sq_sig_all = attr.sq_sig_all != 0;
   init.user_context = qp;

@@ -289,6 +289,23 @@ TEST_F(Cm, RejectGivesConsumerReasonAndPrivateData) {
   EXPECT_EQ(qp_state(client_->qp), IBV_QPS_ERR);
 }
 
+TEST_F(Cm, AnActiveQpThatCannotComeUpGivesConnectErrorHereAndRejectedThere) {
+  connectable_rc_client();
+  ASSERT_EQ(rdma_connect(client_, nullptr), 0);
+  child_ = expect_event(sch_, RDMA_CM_EVENT_CONNECT_REQUEST).id;
+  ibv_qp_init_attr a = qp_attr(IBV_QPT_RC);
+  ASSERT_EQ(rdma_create_qp(child_, nullptr, &a), 0);
+  ASSERT_EQ(rdma_accept(child_, nullptr), 0);
+  // The client's QP goes to ERR before the REP is read: it cannot be brought to RTR/RTS.
+  ibv_qp_attr err{};
+  err.qp_state = IBV_QPS_ERR;
+  ASSERT_EQ(ibv_modify_qp(client_->qp, &err, IBV_QP_STATE), 0);
+  Got ce = expect_event(cch_, RDMA_CM_EVENT_CONNECT_ERROR);
+  EXPECT_LT(ce.status, 0);
+  Got rej = expect_event(sch_, RDMA_CM_EVENT_REJECTED);
+  EXPECT_EQ(rej.status, 28);
+}
+
 TEST_F(Cm, NoQpOnTheIdGivesConnectResponseThenEstablish) {
   listen_and_resolve(RDMA_PS_TCP);
   rdma_conn_param p{};

@@ -210,7 +210,9 @@ void on_message(Id* id, const wire::Message& m) {
       close_socket(id);  // SIDR is over; the active side closes first (TIME_WAIT stays on its port)
       return;
     case Type::kRej:
-      if (id->state != State::kConnecting && id->state != State::kRepReceived) return;
+      // To a REQ, or to our REP (the active side could not bring its QP up).
+      if (id->state != State::kConnecting && id->state != State::kRepReceived && id->state != State::kRepSent)
+        return;
       {
         Event* e = new_event(id, RDMA_CM_EVENT_REJECTED, m.rej.reason);
         wire::Conn c{};
@@ -219,9 +221,9 @@ void on_message(Id* id, const wire::Message& m) {
         fill_conn_event(e, c, wire::kRejPrivateData);
         queue_event(e);
       }
-      id->state = State::kClosed;
       id->deadline_ns = 0;
-      close_socket(id);
+      if (id->state != State::kRepSent) close_socket(id);  // the passive side lets the peer close first
+      id->state = State::kClosed;
       return;
     case Type::kRtu:
       if (id->state != State::kRepSent) return;

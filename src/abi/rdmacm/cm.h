@@ -184,6 +184,10 @@ int open_socket(Id* id, const sockaddr* addr, int* fd);
 // after its out-of-band handshake with the client) is found. The IB CM would reject at once.
 constexpr int kRefusedGraceMs = 1000;
 
+// How long a REQ waits for the REP and a REP for the RTU, once the TCP connection is up: the peer's
+// application is slow, not gone (that would close the connection). About the IB CM's total of retries.
+constexpr int64_t kRepTimeoutNs = 60'000'000'000;
+
 // Connects the active id's socket to its destination and sends its REQ once connected (the service
 // completes it, retries a refusal and enforces connect_deadline_ns). Under mu().
 void start_connect(Id* id);

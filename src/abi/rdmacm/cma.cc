@@ -896,6 +896,10 @@ SR_EXPORT int rdma_accept(rdma_cm_id* cm_id, rdma_conn_param* param) {
       if (param) copy_private(&rep, param->private_data, param->private_data_len);
       send_msg(id, wire::encode(ud ? wire::Type::kSidrRep : wire::Type::kRep, rep));
       id->state = ud ? State::kConnected : State::kRepSent;
+      if (!ud) {
+        id->deadline_ns = now_ns() + kRepTimeoutNs;  // for the RTU
+        wake_service();
+      }
     }
   }
   if (ud) {

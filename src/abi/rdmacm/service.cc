@@ -34,8 +34,6 @@ struct Service {
 Service& service();
 
 constexpr int64_t kDreqTimeoutNs = 4'000'000'000;  // a DREQ nobody answers
-constexpr int64_t kRepTimeoutNs = 60'000'000'000;  // a listener's application that never answers (IB CM:
-                                                   // about a minute of REQ retries)
 
 // ---- what each message does, by the id's state ----
 
@@ -228,6 +226,7 @@ void on_message(Id* id, const wire::Message& m) {
     case Type::kRtu:
       if (id->state != State::kRepSent) return;
       id->state = State::kConnected;
+      id->deadline_ns = 0;
       {
         Event* e = new_event(id, RDMA_CM_EVENT_ESTABLISHED, 0);
         fill_conn_event(e, wire::Conn{}, 0);
@@ -394,6 +393,13 @@ void on_timeout(Id* id) {
     // DREQ timeout.
     disconnected(id);
     close_socket(id);
+    return;
+  }
+  if (id->state == State::kRepSent) {
+    // No RTU: the active side's application never established the connection.
+    queue_event(new_event(id, RDMA_CM_EVENT_CONNECT_ERROR, -ETIMEDOUT));
+    send_msg(id, wire::encode(wire::Rej{.reason = wire::kRejTimeout}));
+    id->state = State::kClosed;
     return;
   }
   if (id->state != State::kConnecting) return;

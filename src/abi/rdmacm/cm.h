@@ -63,9 +63,15 @@ struct Event {
 // reads one (blocking or not, as the application set the fd) and then takes the queue's head; an event
 // withdrawn after it was counted (its id destroyed or migrated) leaves a count with no event, which the
 // reader skips. So the fd polls readable whenever an event is queued.
+//
+// A channel destroyed while threads are inside rdma_get_cm_event on it stays allocated, its fd open, and
+// those threads never return: so does a read blocked on a destroyed rdma_cm channel of the kernel's.
+// (rping of rdma-core 44 destroys its channel while its CM thread waits on it, then exits.)
 struct Channel {
   rdma_event_channel ch;
-  std::deque<Event*> queue;  // guarded by the global mutex
+  std::deque<Event*> queue;  // guarded by the global mutex, as the two fields below
+  int readers = 0;           // threads inside rdma_get_cm_event
+  bool dead = false;         // destroyed
 };
 inline Channel* to_channel(rdma_event_channel* c) { return reinterpret_cast<Channel*>(c); }
 

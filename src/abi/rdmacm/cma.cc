@@ -43,8 +43,12 @@ Channel* new_channel() {
   return ch;
 }
 
+// Destroys a channel (see Channel for one that readers are still inside). Under mu().
 void free_channel(Channel* ch) {
   for (Event* e : ch->queue) delete e;
+  ch->queue.clear();
+  ch->dead = true;
+  if (ch->readers) return;
   close(ch->ch.fd);
   delete ch;
 }
@@ -311,24 +315,34 @@ SR_EXPORT void rdma_destroy_event_channel(rdma_event_channel* channel) {
 SR_EXPORT int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
   if (!channel || !event) return fail(EINVAL);
   Channel* ch = to_channel(channel);
+  {
+    std::lock_guard lk(mu());
+    ch->readers++;
+  }
+  Event* e = nullptr;
   for (;;) {
     uint64_t count;
-    if (read(channel->fd, &count, sizeof count) < 0) {
-      if (errno == EINTR) continue;
-      return -1;  // EAGAIN on a non-blocking channel with nothing queued
+    const ssize_t n = read(channel->fd, &count, sizeof count);
+    const int err = errno;
+    std::unique_lock lk(mu());
+    if (ch->dead) {
+      static auto* never = new std::condition_variable;  // destroyed under us: never returns (Channel)
+      for (;;) never->wait(lk);
     }
-    Event* e;
-    {
-      std::lock_guard lk(mu());
-      if (ch->queue.empty()) continue;  // a withdrawn event's count
+    if (n < 0 && err == EINTR) continue;
+    if (n < 0 || !ch->queue.empty()) {
+      ch->readers--;
+      if (n < 0) return fail(err);  // EAGAIN on a non-blocking channel with nothing queued
       e = ch->queue.front();
       ch->queue.pop_front();
       e->owner->reported++;
+      break;
     }
-    process(e);
-    *event = &e->ev;
-    return 0;
+    // A withdrawn event's count: wait for the next.
   }
+  process(e);
+  *event = &e->ev;
+  return 0;
 }
 
 SR_EXPORT int rdma_ack_cm_event(rdma_cm_event* event) {

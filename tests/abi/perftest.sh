@@ -3,6 +3,7 @@
 # load against it too): server and client on 127.0.0.1, device sr_lo, GID index 1. Both must exit 0 and
 # the client must report figures. Usage: perftest.sh LIBDIR PROGRAM PORT [OPTION...]
 set -u
+. "$(dirname "$0")/../util/listening.sh"
 libdir=$1 prog=$2 port=$3
 shift 3
 command -v "$prog" >/dev/null || { echo "$prog not installed (perftest)"; exit 77; }
@@ -12,11 +13,7 @@ trap 'rm -rf "$out"' EXIT
 
 timeout 90 stdbuf -oL -eL "$prog" -d sr_lo -x 1 -p "$port" "$@" >"$out/server" 2>&1 &
 server=$!
-hexport=$(printf '%04X' "$port")
-for _ in $(seq 100); do
-  grep -qs ":$hexport [0-9A-F:]* 0A " /proc/net/tcp /proc/net/tcp6 && break
-  sleep 0.1
-done
+wait_listening "$port"
 timeout 90 stdbuf -oL -eL "$prog" -d sr_lo -x 1 -p "$port" "$@" 127.0.0.1 >"$out/client" 2>&1
 client_rc=$?
 wait "$server"

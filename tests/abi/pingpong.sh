@@ -2,6 +2,7 @@
 # Runs one of rdma-core's ibv_*_pingpong programs, unmodified, on softrdma's libibverbs.so.1: a server and
 # a client on 127.0.0.1 (device sr_lo, RoCE v2 GID index 1). Usage: pingpong.sh LIBDIR PROGRAM PORT [OPTION...]
 set -u
+. "$(dirname "$0")/../util/listening.sh"
 libdir=$1 prog=$2 port=$3
 shift 3
 command -v "$prog" >/dev/null || { echo "$prog not installed (ibverbs-utils)"; exit 77; }
@@ -11,12 +12,7 @@ trap 'rm -rf "$out"' EXIT
 
 timeout 60 "$prog" -d sr_lo -g 1 -p "$port" "$@" >"$out/server" 2>&1 &
 server=$!
-# Wait until the server listens on its TCP port (a probe connection would be taken for the client).
-hexport=$(printf '%04X' "$port")
-for _ in $(seq 100); do
-  grep -qs ":$hexport [0-9A-F:]* 0A " /proc/net/tcp /proc/net/tcp6 && break
-  sleep 0.1
-done
+wait_listening "$port"
 timeout 60 "$prog" -d sr_lo -g 1 -p "$port" "$@" 127.0.0.1 >"$out/client" 2>&1
 client_rc=$?
 wait "$server"

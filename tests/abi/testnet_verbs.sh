@@ -29,11 +29,7 @@ PORT=18515
 "$TESTNET" exec h1 env LD_LIBRARY_PATH="$LIBDIR" timeout 120 "$PROG" -d sr_eth0 $GIDOPT 1 -p $PORT "$@" \
   >"$WORK/server" 2>&1 &
 SERVER_PID=$!
-hexport=$(printf '%04X' $PORT)
-for _ in $(seq 100); do
-  "$TESTNET" exec h1 grep -qs ":$hexport [0-9A-F:]* 0A " /proc/net/tcp /proc/net/tcp6 && break
-  sleep 0.1
-done
+wait_listening $PORT "$TESTNET" exec h1 || true
 client_rc=0
 "$TESTNET" exec h2 env LD_LIBRARY_PATH="$LIBDIR" timeout 120 "$PROG" -d sr_eth0 $GIDOPT 1 -p $PORT "$@" 198.18.0.1 \
   >"$WORK/client" 2>&1 || client_rc=$?

@@ -1,6 +1,9 @@
 # Sourced by the tests that run programs between two test hosts (tests/e2e/testnet): the session around
 # them, written once. The caller sets TESTNET (the script's path) and SKIP (the skip exit code).
 
+# wait_listening PORT [PREFIX...] (a server's port, checked in h1 with PREFIX "$TESTNET" exec h1)
+source "$(dirname "${BASH_SOURCE[0]}")/../util/listening.sh"
+
 # Skips (exit $SKIP) without root or `ip netns`, and without nftables when $1 is "nft".
 testnet_require() {
   if [[ $(id -u) -ne 0 ]]; then echo "SKIP: network namespaces need root"; exit "$SKIP"; fi

@@ -288,9 +288,11 @@ void fill_ops(Context* ctx) {
 }
 
 ibv_qp* create_qp_common(Context* ctx, Pd* pd, const ibv_qp_init_attr_ex& attr) {
-  if (!attr.send_cq || !attr.recv_cq) return fail<ibv_qp>(EINVAL);
+  // The type first: an XRC QP (rdma_xclient -c x creates one without a receive CQ) is not there, not
+  // malformed.
   if (attr.qp_type != IBV_QPT_RC && attr.qp_type != IBV_QPT_UC && attr.qp_type != IBV_QPT_UD)
     return fail<ibv_qp>(EOPNOTSUPP);
+  if (!attr.send_cq || !attr.recv_cq) return fail<ibv_qp>(EINVAL);
   auto* qp = new Qp{};
   core::QpInitAttr init;
   init.type = static_cast<QpType>(attr.qp_type);
@@ -299,6 +301,11 @@ ibv_qp* create_qp_common(Context* ctx, Pd* pd, const ibv_qp_init_attr_ex& attr) 
   init.srq = attr.srq ? to_srq(attr.srq)->core : nullptr;
   init.cap = {attr.cap.max_send_wr, attr.cap.max_recv_wr, attr.cap.max_send_sge, attr.cap.max_recv_sge,
               attr.cap.max_inline_data};
+  // As rxe: a send WQE holds max_send_sge SGEs, and that much room is always good for inline data
+  // (rdma_xclient sends 16 bytes inline on a QP created with max_inline_data 0 and one SGE).
+  init.cap.max_inline_data =
+      std::max(init.cap.max_inline_data,
+               std::min<uint32_t>(init.cap.max_send_sge * sizeof(ibv_sge), core::kMaxInline));
   if (init.srq) init.cap.max_recv_wr = init.cap.max_recv_sge = 0;
   init.sq_sig_all = attr.sq_sig_all != 0;
   init.user_context = qp;

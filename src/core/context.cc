@@ -24,6 +24,7 @@ Context::Context(io::Backend* backend, Counters* counters, const ContextConfig& 
     : backend_(backend), counters_(counters), cfg_(cfg), blocks_(new std::atomic<QpBlock*>[65536]) {
   for (uint32_t i = 0; i < 65536; ++i) blocks_[i].store(nullptr, std::memory_order_relaxed);
   async_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK | EFD_SEMAPHORE);
+  if (cfg.mr_key_seed != 0) mrs_.seed_keys(cfg.mr_key_seed);
 }
 
 Context::~Context() {

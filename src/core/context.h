@@ -28,6 +28,7 @@ struct ContextConfig {
   bool standard_port = false;  // RoCEv2 standard mode: every peer at UDP 4791
   uint32_t window = 256;       // RC send window in packets
   Nanos (*clock)() = nullptr;  // a fake clock for tests; CLOCK_MONOTONIC when null
+  uint64_t mr_key_seed = 0;    // repeatable MR keys for tests and the fuzzer; 0: from getrandom
 };
 
 struct AsyncEvent {

@@ -92,6 +92,7 @@ class MrRef {
 class MrTable {
  public:
   MrTable();
+  void seed_keys(uint64_t seed) { rng_ = seed | 1; }  // repeatable keys (ContextConfig::mr_key_seed)
   std::expected<Mr*, int> add(Pd* pd, void* addr, uint64_t length, uint64_t iova, uint32_t access);
   int remove(Mr* mr);  // waits for accesses in flight
   // The MR with this key, held, or empty. The caller checks PD, access and bounds.

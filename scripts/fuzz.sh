@@ -21,9 +21,10 @@ build/bin/ingress_fuzz_replay --make-seeds build-fuzz/seeds tests/data/rxe-linux
 mkdir -p build-fuzz/corpus build-fuzz/crashes
 source scripts/sanitizer_env.sh
 # -max_len: the largest seed (a whole session) and room to grow. -timeout: an input that takes this long
-# (seconds) is a hang. -rss_limit_mb: a leak that grows per input ends the run.
+# (seconds) is a hang (inputs take milliseconds; a busy machine can stall one for seconds). -rss_limit_mb:
+# a leak that grows per input ends the run.
 set +e
-build-fuzz/bin/ingress_fuzz -max_total_time="$seconds" -max_len=65536 -timeout=10 -rss_limit_mb=2048 \
+build-fuzz/bin/ingress_fuzz -max_total_time="$seconds" -max_len=65536 -timeout=60 -rss_limit_mb=2048 \
   -print_final_stats=1 -artifact_prefix=build-fuzz/crashes/ "$@" build-fuzz/corpus build-fuzz/seeds \
   2>&1 | tee build-fuzz/last-run.log | grep -Ev '^#[0-9]+\s+(NEW|REDUCE|pulse)'
 rc=${PIPESTATUS[0]}

@@ -2,6 +2,8 @@
 # ibv_devices, ibv_devinfo and ibv_devinfo -v on softrdma: sane RoCE devices (ABI.md "Device conventions").
 set -u
 export LD_LIBRARY_PATH=$1
+# A sanitized build (tests/abi/CMakeLists.txt) names its runtime, which these programs must load first.
+[ -z "${SOFTRDMA_PRELOAD:-}" ] || export LD_PRELOAD=$SOFTRDMA_PRELOAD
 command -v ibv_devinfo >/dev/null || { echo "ibverbs-utils not installed"; exit 77; }
 fail() { echo "FAIL: $*"; exit 1; }
 devices=$(timeout 20 ibv_devices) || fail "ibv_devices exited non-zero"

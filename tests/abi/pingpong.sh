@@ -7,6 +7,8 @@ libdir=$1 prog=$2 port=$3
 shift 3
 command -v "$prog" >/dev/null || { echo "$prog not installed (ibverbs-utils)"; exit 77; }
 export LD_LIBRARY_PATH=$libdir
+# A sanitized build (tests/abi/CMakeLists.txt) names its runtime, which these programs must load first.
+[ -z "${SOFTRDMA_PRELOAD:-}" ] || export LD_PRELOAD=$SOFTRDMA_PRELOAD
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 

@@ -26,12 +26,12 @@ esac
 testnet_session ab
 if [[ $DROP != 0 ]]; then "$TESTNET" drop h2 "$DROP"; fi
 PORT=18515
-"$TESTNET" exec h1 env LD_LIBRARY_PATH="$LIBDIR" timeout 120 "$PROG" -d sr_eth0 $GIDOPT 1 -p $PORT "$@" \
+"$TESTNET" exec h1 env LD_LIBRARY_PATH="$LIBDIR" ${SOFTRDMA_PRELOAD:+LD_PRELOAD=$SOFTRDMA_PRELOAD} timeout 120 "$PROG" -d sr_eth0 $GIDOPT 1 -p $PORT "$@" \
   >"$WORK/server" 2>&1 &
 SERVER_PID=$!
 wait_listening $PORT "$TESTNET" exec h1 || true
 client_rc=0
-"$TESTNET" exec h2 env LD_LIBRARY_PATH="$LIBDIR" timeout 120 "$PROG" -d sr_eth0 $GIDOPT 1 -p $PORT "$@" 198.18.0.1 \
+"$TESTNET" exec h2 env LD_LIBRARY_PATH="$LIBDIR" ${SOFTRDMA_PRELOAD:+LD_PRELOAD=$SOFTRDMA_PRELOAD} timeout 120 "$PROG" -d sr_eth0 $GIDOPT 1 -p $PORT "$@" 198.18.0.1 \
   >"$WORK/client" 2>&1 || client_rc=$?
 server_rc=0
 wait "$SERVER_PID" || server_rc=$?

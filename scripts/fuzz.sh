@@ -29,8 +29,6 @@ build-fuzz/bin/ingress_fuzz -max_total_time="$seconds" -max_len=65536 -timeout=6
   2>&1 | tee build-fuzz/last-run.log | grep -Ev '^#[0-9]+\s+(NEW|REDUCE|pulse)'
 rc=${PIPESTATUS[0]}
 set -e
-grep -E '^#[0-9]+\s+(INITED|DONE)' build-fuzz/last-run.log | tail -2 || true
-grep -E '^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)' build-fuzz/last-run.log || true
 if [ "$rc" != 0 ]; then
   echo "fuzz: FAILED (exit $rc); inputs in build-fuzz/crashes/:" >&2
   ls -l build-fuzz/crashes/ >&2

@@ -14,6 +14,7 @@
 
 #include "softrdma/connect.h"
 #include "softrdma/softrdma.h"
+#include "util/sanitizer.h"
 
 namespace softrdma {
 namespace {
@@ -112,6 +113,7 @@ struct Survivor {
 };
 
 TEST(PeerFailure, KilledPeerGivesRetryExceededAndAQpEventThenReconnects) {
+  if (testutil::kTsan) GTEST_SKIP() << "TSan cannot start threads in a child of a multi-threaded process";
   Peer first;
   ASSERT_NO_FATAL_FAILURE(start_peer(first));
   Survivor s;

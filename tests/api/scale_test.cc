@@ -1,6 +1,5 @@
 // Scale: 10,000 RC QPs in one process (5,000 connected pairs over sr_lo), each moving data, then torn
 // down; the UDP sockets they needed (one per 256 QPs) go with them.
-#include <dirent.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -9,18 +8,12 @@
 
 #include "softrdma/connect.h"
 #include "softrdma/softrdma.h"
+#include "util/resources.h"
 
 namespace softrdma {
 namespace {
 
-size_t open_fds() {
-  size_t n = 0;
-  if (DIR* d = opendir("/proc/self/fd")) {
-    while (readdir(d)) ++n;
-    closedir(d);
-  }
-  return n;
-}
+using testutil::open_fds;
 
 TEST(Scale, TenThousandQpsInOneProcess) {
   constexpr size_t kPairs = 5000;

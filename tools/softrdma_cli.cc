@@ -5,6 +5,7 @@
 //   softrdma stats --reset [DEV]  zero the counters of DEV (or of every device)
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <string_view>
@@ -22,14 +23,14 @@ using softrdma::io::StatsRegion;
 void usage(FILE* f) {
   std::fprintf(f,
                "usage: softrdma [devices]\n"
-               "       softrdma stats [DEV]\n"
+               "       softrdma stats [--pid PID] [DEV]\n"
                "       softrdma stats --reset [DEV]\n"
                "       softrdma --help\n"
                "\n"
                "devices  list the softrdma devices (one per network interface with an address; restrict\n"
                "         them with %s=if1,if2), their state, MTUs, node GUID and GID table\n"
                "stats    print every counter of DEV, or of every device, summed over all processes\n"
-               "         (live, exited and retired); --reset zeroes them\n",
+               "         (live, exited and retired), or of the process PID alone; --reset zeroes them\n",
                softrdma::io::kDevicesEnv);
 }
 
@@ -93,10 +94,20 @@ std::vector<std::string> stats_devices(const char* dev) {
 
 int cmd_stats(int argc, char** argv) {
   bool reset = false;
+  int pid = 0;
   const char* dev = nullptr;
   for (int i = 0; i < argc; ++i) {
     if (std::strcmp(argv[i], "--reset") == 0 || std::strcmp(argv[i], "-r") == 0) {
       reset = true;
+    } else if (std::strcmp(argv[i], "--pid") == 0) {
+      char* end = nullptr;
+      const long v = i + 1 < argc ? std::strtol(argv[i + 1], &end, 10) : 0;
+      if (v <= 0 || v > INT32_MAX || *end != '\0') {
+        std::fprintf(stderr, "softrdma stats: --pid needs a process id\n");
+        return 2;
+      }
+      pid = static_cast<int>(v);
+      ++i;
     } else if (argv[i][0] == '-') {
       std::fprintf(stderr, "softrdma stats: unknown option %s\n", argv[i]);
       usage(stderr);
@@ -118,7 +129,7 @@ int cmd_stats(int argc, char** argv) {
       std::printf("%s: counters reset\n", name.c_str());
       continue;
     }
-    const auto totals = StatsRegion::sum(name);
+    const auto totals = StatsRegion::sum(name, pid);
     std::printf("link %s/1\n", name.c_str());
     for (uint32_t i = 0; i < softrdma::kNumCounters; ++i) {
       const auto& info = softrdma::kCounterInfo[i];

@@ -311,12 +311,12 @@ int StatsRegion::collect_garbage(std::string_view devname) {
   return folded;
 }
 
-std::array<uint64_t, kNumCounters> StatsRegion::sum(std::string_view devname) {
+std::array<uint64_t, kNumCounters> StatsRegion::sum(std::string_view devname, int pid) {
   std::array<uint64_t, kNumCounters> totals{};
   if (!valid_devname(devname)) return totals;
   // Shared lock: the garbage collector cannot move counts into the retired file while we read.
   RetiredLock retired(devname, /*create=*/false, LOCK_SH);
-  if (retired.fd() >= 0) {
+  if (retired.fd() >= 0 && pid == 0) {
     Mapping m;
     if (m.map(retired.fd(), false, devname)) m.add_to(totals);
   }
@@ -326,7 +326,7 @@ std::array<uint64_t, kNumCounters> StatsRegion::sum(std::string_view devname) {
     const int fd = openat(dirfd, name.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) continue;
     Mapping m;
-    if (m.map(fd, false, devname)) m.add_to(totals);
+    if (m.map(fd, false, devname) && (pid == 0 || m.header()->pid == pid)) m.add_to(totals);
     close(fd);
   }
   close(dirfd);

@@ -63,8 +63,9 @@ class StatsRegion {
   Counters* counters() { return counters_; }
   const std::string& path() const { return path_; }
 
-  // Totals of a device over all its files, the retired one included. Zeros when there are none.
-  static std::array<uint64_t, kNumCounters> sum(std::string_view devname);
+  // Totals of a device over all its files, the retired one included. Zeros when there are none. With a
+  // `pid`, only that process's own files (the retired one left out).
+  static std::array<uint64_t, kNumCounters> sum(std::string_view devname, int pid = 0);
   // Zeroes every counter of the device, live files included (atomic stores, so later increments count).
   static void reset(std::string_view devname);
   // Folds the files of dead processes into the retired file and unlinks them; returns how many.

@@ -136,6 +136,13 @@ TEST_F(StatsShmTest, DeadProcessIsFoldedIntoRetired) {
   EXPECT_EQ(s[idx(Counter::tx_packets)], 100u);
   EXPECT_EQ(s[idx(Counter::rx_bytes)], 12345u);
   EXPECT_EQ(s[idx(Counter::rx_packets)], 1u);
+  // One process's own files (softrdma stats --pid).
+  const std::string prefix = "/dev/shm/softrdma." + dev_ + ".";
+  const int child_pid = std::stoi(child_path.substr(prefix.size()));
+  EXPECT_EQ(StatsRegion::sum(dev_, child_pid)[idx(Counter::tx_packets)], 100u);
+  EXPECT_EQ(StatsRegion::sum(dev_, child_pid)[idx(Counter::rx_packets)], 0u);
+  EXPECT_EQ(StatsRegion::sum(dev_, getpid())[idx(Counter::tx_packets)], 0u);
+  EXPECT_EQ(StatsRegion::sum(dev_, getpid())[idx(Counter::rx_packets)], 1u);
 
   // A new region runs the GC: the child's file is folded and removed; ours (alive) is not.
   auto next = create();
@@ -147,6 +154,7 @@ TEST_F(StatsShmTest, DeadProcessIsFoldedIntoRetired) {
   EXPECT_EQ(s[idx(Counter::tx_packets)], 100u);
   EXPECT_EQ(s[idx(Counter::rx_bytes)], 12345u);
   EXPECT_EQ(s[idx(Counter::rx_packets)], 1u);
+  EXPECT_EQ(StatsRegion::sum(dev_, child_pid)[idx(Counter::tx_packets)], 0u);  // retired: no process's
   EXPECT_EQ(StatsRegion::collect_garbage(dev_), 0);
 
   // Totals stay cumulative across more deaths, and reset clears the retired part too.

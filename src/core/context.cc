@@ -310,11 +310,14 @@ int Context::drive(io::TxBatch& tx, Nanos now, bool run_timers) {
     rx_burst(std::span(pkts, n), tx, now);
   }
   if (total) now = this->now();
-  Nanos due = next_tick_.load(std::memory_order_relaxed);
-  if (run_timers || now >= due) {
-    const Nanos next = tick(tx, now);
-    // Unless a thread armed an earlier timer meanwhile (deadline_armed): then that one stands.
-    next_tick_.compare_exchange_strong(due, next ? next : now + 1'000'000, std::memory_order_relaxed);
+  if (run_timers || now >= next_tick_.load(std::memory_order_relaxed)) {
+    // Timers run only here, inside the driver's exclusion: the packets a timer retransmits point into send
+    // buffers, and only the driver completes WQEs (on ACKs), so no buffer can be handed back to the
+    // application before those packets are on the wire. The mark is cleared before the scan: a timer
+    // that a post arms during the scan lowers it again (deadline_armed), and what the scan found lowers
+    // it after; storing the scan's result instead would raise the mark over a timer armed meanwhile.
+    next_tick_.store(kNoTimer, std::memory_order_seq_cst);
+    deadline_armed(tick(tx, now));
   }
   driving_.store(false, std::memory_order_release);
   return total;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <expected>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -70,7 +71,8 @@ class Context {
 
   // Driving the soft NIC.
   void rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now);
-  // Runs expired timers; returns the nearest deadline still armed (0 = none).
+  // Runs expired timers; returns the nearest deadline still armed (0 = none). For a single-threaded
+  // driver (the tests); threads call drive(), which runs it inside the driver's exclusion.
   Nanos tick(io::TxBatch& tx, Nanos now);
   // Receive progress from whichever thread gets there: the progress thread, or an application thread that
   // polls an empty CQ (so a busy-polling application needs no other thread to run on a 2-core machine).
@@ -101,9 +103,12 @@ class Context {
   // timeout: ib_send_bw -s 8 -Q 1 at 2,200 messages per second.)
   void deadline_armed(Nanos d) {
     Nanos cur = next_tick_.load(std::memory_order_relaxed);
-    while (d != 0 && d < cur && !next_tick_.compare_exchange_weak(cur, d, std::memory_order_relaxed)) {
+    while (d != 0 && d < cur && !next_tick_.compare_exchange_weak(cur, d, std::memory_order_seq_cst)) {
     }
   }
+  // The earliest armed timer (kNoTimer: none), for a driver that is about to sleep.
+  Nanos next_timer() const { return next_tick_.load(std::memory_order_seq_cst); }
+  static constexpr Nanos kNoTimer = std::numeric_limits<Nanos>::max();
   void set_kick(void (*fn)(void*), void* arg) {
     kick_fn_ = fn;
     kick_arg_ = arg;
@@ -145,7 +150,7 @@ class Context {
   std::atomic<uint32_t> app_poll_seq_{0};
   // Live objects, against the limits the device reports.
   std::atomic<uint32_t> n_pd_{0}, n_cq_{0}, n_qp_{0}, n_srq_{0}, n_ah_{0};
-  std::atomic<Nanos> next_tick_{0};  // when drive() next runs the timers
+  std::atomic<Nanos> next_tick_{0};  // when drive() next runs the timers (0: at its next call)
   uint16_t next_virtual_port_ = 0xC000;  // standard mode: QPN blocks not tied to sockets
 
   void (*kick_fn_)(void*) = nullptr;

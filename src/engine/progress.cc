@@ -61,7 +61,7 @@ void Progress::drain_wake_fd() {
 
 void Progress::kick() {
   // Only a sleeping thread needs the syscall; a spinning one sees new deadlines on its own.
-  if (sleeping_.load(std::memory_order_acquire)) {
+  if (sleeping_.load(std::memory_order_seq_cst)) {
     uint64_t one = 1;
     [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof one);
   }
@@ -157,11 +157,18 @@ void Progress::run() {
     // Spin briefly after activity.
     if (now - last_activity < core::Nanos{cfg_.spin_us} * 1000) continue;
 
-    // Sleep until a packet, a kick or the next timer.
-    sleeping_.store(true, std::memory_order_release);
-    const core::Nanos next_deadline = ctx_->tick(tx_, ctx_->now());
+    // Sleep until a packet, a kick or the next timer. The timers run once more first (only a driver runs
+    // them; when another thread drives, that one does, and the deadline read below is what it leaves).
+    // Asleep from here: a timer armed from now on kicks.
+    sleeping_.store(true, std::memory_order_seq_cst);
+    if (ctx_->drive(tx_, ctx_->now(), true) > 0) {
+      sleeping_.store(false, std::memory_order_release);
+      last_activity = ctx_->now();
+      continue;
+    }
+    const core::Nanos next_deadline = ctx_->next_timer();
     int timeout_ms = -1;
-    if (next_deadline) {
+    if (next_deadline != core::Context::kNoTimer) {
       now = ctx_->now();
       timeout_ms = next_deadline <= now ? 0 : static_cast<int>((next_deadline - now + 999'999) / 1'000'000);
     }

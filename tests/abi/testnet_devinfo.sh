@@ -13,10 +13,10 @@ command -v ibv_devinfo >/dev/null || { echo "SKIP: ibverbs-utils is not installe
 fail() { echo "FAIL: $*"; exit 1; }
 
 testnet_session di
-devices=$("$TESTNET" exec h1 env LD_LIBRARY_PATH="$LIBDIR" timeout 20 ibv_devices) || fail "ibv_devices exited non-zero"
+devices=$("$TESTNET" exec h1 env LD_LIBRARY_PATH="$LIBDIR" ${SOFTRDMA_PRELOAD:+LD_PRELOAD=$SOFTRDMA_PRELOAD} timeout 20 ibv_devices) || fail "ibv_devices exited non-zero"
 echo "$devices"
 echo "$devices" | grep -Eq '^ +sr_eth0[[:space:]]+[0-9a-f]{16}$' || fail "ibv_devices does not list sr_eth0"
-v=$("$TESTNET" exec h1 env LD_LIBRARY_PATH="$LIBDIR" timeout 20 ibv_devinfo -v -d sr_eth0) ||
+v=$("$TESTNET" exec h1 env LD_LIBRARY_PATH="$LIBDIR" ${SOFTRDMA_PRELOAD:+LD_PRELOAD=$SOFTRDMA_PRELOAD} timeout 20 ibv_devinfo -v -d sr_eth0) ||
   fail "ibv_devinfo -v exited non-zero"
 echo "$v"
 mtu=$("$TESTNET" exec h1 cat /sys/class/net/eth0/mtu)

@@ -11,6 +11,7 @@ set -u
 libdir=$1 port=$2 mode=$3 prog=$4
 command -v "$prog" >/dev/null || { echo "$prog not installed (rdmacm-utils)"; exit 77; }
 export LD_LIBRARY_PATH=$libdir
+[ -z "${SOFTRDMA_PRELOAD:-}" ] || export LD_PRELOAD=$SOFTRDMA_PRELOAD  # sanitizer runtime (tests/CMakeLists.txt)
 hexport=$(printf '%04X' "$port")
 if grep -qs ":$hexport [0-9A-F:]* 0A " /proc/net/tcp /proc/net/tcp6; then
   echo "port $port is in use"; exit 1

@@ -17,6 +17,7 @@ for p in "${server[0]}" "${client[0]}"; do
   command -v "$p" >/dev/null || { echo "$p not installed (rdmacm-utils, perftest)"; exit 77; }
 done
 export LD_LIBRARY_PATH=$libdir
+[ -z "${SOFTRDMA_PRELOAD:-}" ] || export LD_PRELOAD=$SOFTRDMA_PRELOAD  # sanitizer runtime (tests/CMakeLists.txt)
 limit=${PAIR_TIMEOUT:-60}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT

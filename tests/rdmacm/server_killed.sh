@@ -7,6 +7,7 @@ set -u
 libdir=$1 port=$2
 command -v rping >/dev/null || { echo "rping not installed (rdmacm-utils)"; exit 77; }
 export LD_LIBRARY_PATH=$libdir
+[ -z "${SOFTRDMA_PRELOAD:-}" ] || export LD_PRELOAD=$SOFTRDMA_PRELOAD  # sanitizer runtime (tests/CMakeLists.txt)
 out=$(mktemp -d)
 trap 'rm -rf "$out"; kill -9 $server $client 2>/dev/null' EXIT
 hexport=$(printf '%04X' "$port")

@@ -27,11 +27,11 @@ done
 
 testnet_session cm
 if [[ $DROP != 0 ]]; then "$TESTNET" drop h2 "$DROP"; fi
-"$TESTNET" exec h1 env LD_LIBRARY_PATH="$LIBDIR" timeout 120 stdbuf -oL -eL "${server[@]}" >"$WORK/server" 2>&1 &
+"$TESTNET" exec h1 env LD_LIBRARY_PATH="$LIBDIR" ${SOFTRDMA_PRELOAD:+LD_PRELOAD=$SOFTRDMA_PRELOAD} timeout 120 stdbuf -oL -eL "${server[@]}" >"$WORK/server" 2>&1 &
 SERVER_PID=$!
 wait_listening "$PORT" "$TESTNET" exec h1 || true
 client_rc=0
-"$TESTNET" exec h2 env LD_LIBRARY_PATH="$LIBDIR" timeout 120 stdbuf -oL -eL "${client[@]}" >"$WORK/client" 2>&1 ||
+"$TESTNET" exec h2 env LD_LIBRARY_PATH="$LIBDIR" ${SOFTRDMA_PRELOAD:+LD_PRELOAD=$SOFTRDMA_PRELOAD} timeout 120 stdbuf -oL -eL "${client[@]}" >"$WORK/client" 2>&1 ||
   client_rc=$?
 server_rc=0
 wait "$SERVER_PID" || server_rc=$?

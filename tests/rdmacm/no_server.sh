@@ -18,7 +18,7 @@ if grep -qs ":$hexport [0-9A-F:]* 0A " /proc/net/tcp /proc/net/tcp6; then
 fi
 helper=
 if [ "$mode" = silent ]; then
-  python3 - "$port" <<'PY' &
+  env -u LD_PRELOAD python3 - "$port" <<'PY' &
 import socket, sys, time
 port = int(sys.argv[1])
 s = socket.socket()

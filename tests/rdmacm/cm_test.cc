@@ -9,8 +9,11 @@
 #include <rdma/rdma_verbs.h>
 #include <rdma/rsocket.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -405,6 +408,23 @@ TEST_F(Cm, GetaddrinfoGivesRcOverTcpPortSpaceAndPassiveSource) {
   EXPECT_EQ(ntohs(reinterpret_cast<sockaddr_in*>(res->ai_src_addr)->sin_port), 7471);
   rdma_freeaddrinfo(res);
   EXPECT_EQ(rdma_getaddrinfo(nullptr, nullptr, nullptr, &res), -1);
+}
+
+// A thread that asks a destroyed channel for its next event (rping's event thread does, while the main
+// thread tears down) stays blocked, as in rdma-core's read() of the channel's fd, and touches no freed
+// memory (the sanitizer builds would see it).
+TEST(CmChannel, GetEventAfterDestroyBlocks) {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  ASSERT_NE(ch, nullptr);
+  rdma_destroy_event_channel(ch);
+  static std::atomic<int> returned{0};
+  std::thread([ch] {
+    rdma_cm_event* ev = nullptr;
+    rdma_get_cm_event(ch, &ev);
+    returned = 1;
+  }).detach();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(returned.load(), 0);
 }
 
 TEST(CmUnsupported, RsocketsAndMulticastFailAsNotThere) {

@@ -44,13 +44,23 @@ Channel* new_channel() {
 }
 
 // Destroys a channel (see Channel for one that readers are still inside). Under mu().
+// Its memory is kept a while: a thread of the application may still call rdma_get_cm_event on it (rping's
+// event thread does, while its main thread destroys the channel), so it must find `dead` set rather than
+// freed memory.
 void free_channel(Channel* ch) {
+  static std::deque<Channel*> quarantine;
+  constexpr size_t kQuarantine = 64;
   for (Event* e : ch->queue) delete e;
   ch->queue.clear();
   ch->dead = true;
   if (ch->readers) return;
   close(ch->ch.fd);
-  delete ch;
+  ch->ch.fd = -1;
+  quarantine.push_back(ch);
+  if (quarantine.size() > kQuarantine) {
+    delete quarantine.front();
+    quarantine.pop_front();
+  }
 }
 
 bool is_any(const sockaddr* a) {
@@ -315,8 +325,17 @@ SR_EXPORT void rdma_destroy_event_channel(rdma_event_channel* channel) {
 SR_EXPORT int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
   if (!channel || !event) return fail(EINVAL);
   Channel* ch = to_channel(channel);
+  // Destroyed under us, or before this call: never returns (Channel). With rdma-core the caller is then
+  // blocked in read() on the channel's fd, which closing it does not wake; had it come a moment later, it
+  // would read a closed fd and fail with EBADF, which rping's event thread answers with exit(-1) (seen
+  // under TSan, whose slowness opens that window).
+  const auto park = [](std::unique_lock<std::mutex>& lk) {
+    static auto* never = new std::condition_variable;
+    for (;;) never->wait(lk);
+  };
   {
-    std::lock_guard lk(mu());
+    std::unique_lock lk(mu());
+    if (ch->dead) park(lk);
     ch->readers++;
   }
   Event* e = nullptr;
@@ -325,10 +344,7 @@ SR_EXPORT int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** eve
     const ssize_t n = read(channel->fd, &count, sizeof count);
     const int err = errno;
     std::unique_lock lk(mu());
-    if (ch->dead) {
-      static auto* never = new std::condition_variable;  // destroyed under us: never returns (Channel)
-      for (;;) never->wait(lk);
-    }
+    if (ch->dead) park(lk);
     if (n < 0 && err == EINTR) continue;
     if (n < 0 || !ch->queue.empty()) {
       ch->readers--;

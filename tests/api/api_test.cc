@@ -10,6 +10,7 @@
 
 #include "softrdma/connect.h"
 #include "softrdma/softrdma.h"
+#include "util/wr.h"
 #include "util/sanitizer.h"
 
 namespace softrdma {
@@ -287,13 +288,7 @@ void connect_pair(const Context& ctx, QueuePair& a, QueuePair& b, const MemoryRe
 Wc write_and_wait(QueuePair& qp, CompletionQueue& cq, const MemoryRegion& src_mr, const void* src,
                   uint32_t len, uint64_t dst, uint32_t rkey) {
   Sge s{reinterpret_cast<uint64_t>(src), len, src_mr.lkey()};
-  SendWr wr;
-  wr.opcode = WrOpcode::kRdmaWrite;
-  wr.send_flags = kSendSignaled;
-  wr.sg_list = std::span(&s, 1);
-  wr.remote_addr = dst;
-  wr.rkey = rkey;
-  EXPECT_TRUE(qp.post_send(wr));
+  EXPECT_TRUE(qp.post_send(testutil::signaled_write(s, dst, rkey)));
   Wc wc;
   wc.status = WcStatus::kGeneralErr;
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);

@@ -9,6 +9,7 @@
 
 #include "softrdma/connect.h"
 #include "softrdma/softrdma.h"
+#include "util/wr.h"
 #include "util/sanitizer.h"
 
 namespace softrdma {
@@ -64,11 +65,7 @@ void run(Remove what, int after) {
   ASSERT_TRUE(connect_qp(*t.ctx, *t.qp, it, iw, opt));
 
   Sge s = w.mr->sge(0, kMsg);
-  SendWr wr;
-  wr.opcode = WrOpcode::kRdmaWrite;
-  wr.send_flags = kSendSignaled;
-  wr.sg_list = std::span(&s, 1);
-  wr.rkey = it.rkey;
+  SendWr wr = testutil::signaled_write(s, 0, it.rkey);
   uint64_t posted = 0, ok = 0, ok_after = 0;
   bool removed = false, failed = false;
   const auto end = Clock::now() + std::chrono::seconds(30);

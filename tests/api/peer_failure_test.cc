@@ -14,6 +14,7 @@
 
 #include "softrdma/connect.h"
 #include "softrdma/softrdma.h"
+#include "util/wr.h"
 #include "util/sanitizer.h"
 
 namespace softrdma {
@@ -91,14 +92,7 @@ struct Survivor {
   }
   void post_write(uint32_t len, uint64_t id) {
     Sge s = mr->sge(0, len);
-    SendWr wr;
-    wr.wr_id = id;
-    wr.opcode = WrOpcode::kRdmaWrite;
-    wr.send_flags = kSendSignaled;
-    wr.sg_list = std::span(&s, 1);
-    wr.remote_addr = peer.addr;
-    wr.rkey = peer.rkey;
-    ASSERT_TRUE(qp->post_send(wr));
+    ASSERT_TRUE(qp->post_send(testutil::signaled_write(s, peer.addr, peer.rkey, id)));
   }
   // The next completion, or a failure after `limit`.
   Wc next(std::chrono::milliseconds limit) {

@@ -9,6 +9,7 @@
 #include "softrdma/connect.h"
 #include "softrdma/softrdma.h"
 #include "util/resources.h"
+#include "util/wr.h"
 
 namespace softrdma {
 namespace {
@@ -54,14 +55,8 @@ TEST(Scale, TenThousandQpsInOneProcess) {
     while (done < kPairs) {
       while (posted < kPairs && posted - done < 2048) {
         Sge s = src_mr->sge(posted * kChunk, kChunk);
-        SendWr wr;
-        wr.wr_id = posted;
-        wr.opcode = WrOpcode::kRdmaWrite;
-        wr.send_flags = kSendSignaled;
-        wr.sg_list = std::span(&s, 1);
-        wr.remote_addr = reinterpret_cast<uint64_t>(dst.data()) + posted * kChunk;
-        wr.rkey = dst_mr->rkey();
-        ASSERT_TRUE(qps[2 * posted]->post_send(wr));
+        const uint64_t to = reinterpret_cast<uint64_t>(dst.data()) + posted * kChunk;
+        ASSERT_TRUE(qps[2 * posted]->post_send(testutil::signaled_write(s, to, dst_mr->rkey(), posted)));
         ++posted;
       }
       const int n = cq->poll(wc);

@@ -259,7 +259,10 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
       else if (type == QpType::kRc && n_touched == std::size(touched))
         Transport::flush_ack(*qp, tx);
     } else {
+      // What an ACK releases goes out before the QP's lock does: a post_send on another thread sends
+      // at once, under this lock, and must not overtake it (the peer would NAK the gap and go-back-N).
       Transport::completer(*qp, v, tx, now);
+      tx.flush();
     }
     const Nanos d = Transport::deadline(*qp);
     qp->next_deadline.store(d, std::memory_order_relaxed);
@@ -284,6 +287,7 @@ Nanos Context::tick(io::TxBatch& tx, Nanos now) {
       if (d && d <= now) {
         std::lock_guard q(qp->lock());
         d = Transport::timers(*qp, tx, now);
+        tx.flush();  // retransmissions before the lock goes (see rx_burst)
         d = Transport::deadline(*qp);
         qp->next_deadline.store(d, std::memory_order_relaxed);
       }

@@ -147,6 +147,12 @@ int Qp::post_send(std::span<const SendWr> wrs, size_t* bad) {
     Transport::to_error(*this);
     return 0;
   }
+  // With a deep pipeline already on the wire (RC), what was posted goes out with the next ACK that
+  // makes progress: the completer runs the requester then, for every WQE queued meanwhile, in one batch
+  // (measured: 8-byte ib_write_bw sent one sendmmsg per post, 0.14 M messages/s). An ACK is sure to
+  // come or the retransmit timer (armed while packets are out) to fire. Shallow pipelines, as every
+  // latency test has, send at once.
+  if (type() == QpType::kRc && wire::psn_diff(req_.psn, comp_.psn) >= kCorkInFlight) return 0;
   run_requester(*this);
   return 0;
 }

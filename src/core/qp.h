@@ -194,6 +194,8 @@ class Qp {
   // the first WR not posted.
   int post_send(std::span<const SendWr> wrs, size_t* bad);
   int post_recv(std::span<const RecvWr> wrs, size_t* bad);
+  // RC packets un-ACKed from which post_send leaves sending to the next ACK (qp.cc).
+  static constexpr int32_t kCorkInFlight = 16;
 
  private:
   friend class Transport;

@@ -25,6 +25,7 @@ done
 if "$CLI" stats --pid 0 sr_lo >/dev/null 2>&1; then echo "FAIL: --pid 0 accepted"; exit 1; fi
 
 export LD_LIBRARY_PATH=$LIBDIR
+[ -z "${SOFTRDMA_PRELOAD:-}" ] || export LD_PRELOAD=$SOFTRDMA_PRELOAD  # sanitizer runtime (tests/CMakeLists.txt)
 SOFTRDMA_FAULTS=drop=0.02,seed=3 ib_write_bw -d sr_lo -x 1 -p $PORT -D 4 >"$W/server" 2>&1 &
 pids+=($!)
 server=$!

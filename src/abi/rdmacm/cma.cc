@@ -48,7 +48,7 @@ Channel* new_channel() {
 // event thread does, while its main thread destroys the channel), so it must find `dead` set rather than
 // freed memory.
 void free_channel(Channel* ch) {
-  static std::deque<Channel*> quarantine;
+  static auto* const quarantine = new std::deque<Channel*>;  // never destroyed: what it holds stays reachable
   constexpr size_t kQuarantine = 64;
   for (Event* e : ch->queue) delete e;
   ch->queue.clear();
@@ -56,10 +56,10 @@ void free_channel(Channel* ch) {
   if (ch->readers) return;
   close(ch->ch.fd);
   ch->ch.fd = -1;
-  quarantine.push_back(ch);
-  if (quarantine.size() > kQuarantine) {
-    delete quarantine.front();
-    quarantine.pop_front();
+  quarantine->push_back(ch);
+  if (quarantine->size() > kQuarantine) {
+    delete quarantine->front();
+    quarantine->pop_front();
   }
 }
 

@@ -48,6 +48,6 @@ for c in tx_packets rx_packets tx_acks tx_nak_psn_seq drop_injected drop_out_of_
   [[ $(counter "$W/s" $c) -gt 0 ]] || { echo "FAIL: server's $c is 0"; exit 1; }
 done
 [[ $(counter "$W/c" drop_injected) -eq 0 ]] || { echo "FAIL: the client injected no faults but counts some"; exit 1; }
-wait $client
-wait $server
+wait $client || { cat "$W/client"; echo "FAIL: the client exited with an error"; exit 1; }
+wait $server || { cat "$W/server"; echo "FAIL: the server exited with an error"; exit 1; }
 echo PASS

@@ -641,7 +641,10 @@ int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int attr_mask) {
   core::QpAttr a;
   to_core_attr(*attr, attr_mask, &a);
   if (int err = to_qp(ibqp)->core->modify(a, static_cast<uint32_t>(attr_mask))) return err;
-  if (attr_mask & IBV_QP_STATE) ibqp->state = attr->qp_state;
+  // Atomic: librdmacm moves a QP (to RTS in the thread that reads the CM event, to ERR in the one that
+  // disconnects) while the application's threads may modify it too; the core serialises the transition,
+  // and this copy of its result must not be a data race (TSan, rdmacm.cmtime_c1000).
+  if (attr_mask & IBV_QP_STATE) __atomic_store_n(&ibqp->state, attr->qp_state, __ATOMIC_RELAXED);
   return 0;
 }
 

@@ -464,11 +464,12 @@ void drain_cm(Socket* s) {
   }
 }
 
-// Polls the CQ, returns credits; now and then looks at the CM channel. Returns the completions taken.
+// Polls the CQ, returns credits; looks at the CM channel while the RTU is awaited, and now and then after
+// (a peer that died has no completion to show). Returns the completions taken.
 int progress(Socket* s) {
   const int n = poll_cq(s);
   give_credits(s, false);
-  if (!n && (++s->idle_polls & 1023) == 0) drain_cm(s);
+  if (s->st == St::kAccepting || (!n && (++s->idle_polls & 1023) == 0)) drain_cm(s);
   return n;
 }
 
@@ -726,7 +727,6 @@ short revents_of(Socket* s, short events) {
       }
       if (!connected(s)) break;
       progress(s);
-      if (s->st == St::kAccepting) drain_cm(s);
       if (s->arrived != s->consumed || s->rd_shut || s->peer_wr_shut || s->gone) r |= POLLIN;
       if (sendable(s, 1) || !writable(s)) r |= POLLOUT;
       // Hung up once what the peer sent has been read: an application that polls (rstream -T a) treats

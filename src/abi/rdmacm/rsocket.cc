@@ -219,16 +219,12 @@ bool can_ctrl(Socket* s) { return s->st == St::kConnected && !s->gone && s->sq_f
 int post_ctrl(Socket* s, uint32_t imm) { return post(s, nullptr, 0, s->p_addr, s->p_rkey, imm, true); }
 
 // Tells the peer what we consumed and reposted, in batches: when a quarter of the ring or of the receives
-// is to be returned, or less when the peer may be short of them (unless force).
-void give_credits(Socket* s, bool force) {
+// is to be returned, or less when the peer may be short of ring (it has more than 3/4 of it unreturned).
+void give_credits(Socket* s) {
   if (s->st != St::kConnected || s->gone || s->peer_closed) return;
   const uint32_t bytes = s->consumed - s->told.consumed, msgs = s->msgs_in - s->told.reposted;
-  if (!bytes && !msgs) return;
-  if (!force) {
-    const bool b = bytes >= s->ring_size / 4 || (bytes && s->arrived - s->told.consumed > s->ring_size / 4 * 3);
-    const bool m = msgs >= s->o.rq_size / 4;
-    if (!b && !m) return;
-  }
+  const bool b = bytes >= s->ring_size / 4 || (bytes && s->arrived - s->told.consumed > s->ring_size / 4 * 3);
+  if (!b && msgs < s->o.rq_size / 4) return;
   if (!can_ctrl(s)) return;  // again at the next poll
   Credits c{htole32(s->consumed), htole32(s->msgs_in)};
   if (post(s, &c, sizeof c, s->p_addr, s->p_rkey, kImmCredits, true) == 0) s->told = {s->consumed, s->msgs_in};
@@ -468,7 +464,7 @@ void drain_cm(Socket* s) {
 // (a peer that died has no completion to show). Returns the completions taken.
 int progress(Socket* s) {
   const int n = poll_cq(s);
-  give_credits(s, false);
+  give_credits(s);
   if (s->st == St::kAccepting || (!n && (++s->idle_polls & 1023) == 0)) drain_cm(s);
   return n;
 }
@@ -571,7 +567,8 @@ uint32_t sendable(Socket* s, size_t len) {
   return n > s->o.inline_size ? sbuf_fit(s, n) : n;
 }
 
-// Posts riomap()ed buffers the peer has not heard of yet.
+// Posts riomap()ed buffers the peer has not heard of yet: before any data, which the peer may take as its
+// cue to riowrite there (riostream). -1 with EWOULDBLOCK (non-blocking) if one cannot go yet.
 int announce_maps(Socket* s, std::unique_lock<std::mutex>& lk, bool nb) {
   for (LocalMap& m : s->maps) {
     if (m.announced || m.slot < 0) continue;
@@ -603,7 +600,7 @@ ssize_t send_iov(Socket* s, const iovec* iov, int iovcnt, int flags) {
   std::unique_lock lk(s->mu);
   if (finish_connect(s, lk)) return -1;
   const bool nb = nonblocking(s, flags);
-  if (announce_maps(s, lk, nb) && errno != EWOULDBLOCK) return -1;
+  if (announce_maps(s, lk, nb)) return errno == EWOULDBLOCK ? would_block() : -1;
   size_t total = 0;
   for (int i = 0; i < iovcnt; i++) {
     const uint8_t* p = static_cast<const uint8_t*>(iov[i].iov_base);
@@ -670,7 +667,7 @@ ssize_t recv_iov(Socket* s, const iovec* iov, int iovcnt, int flags) {
       }
       if (!peek) {
         s->consumed = pos;
-        give_credits(s, false);
+        give_credits(s);
       }
       if (peek || !waitall) break;
       continue;
@@ -1270,7 +1267,7 @@ SR_EXPORT size_t riowrite(int fd, const void* buf, size_t count, off_t offset, i
   std::unique_lock lk(s->mu);
   if (finish_connect(s, lk)) return static_cast<size_t>(-1);
   const bool nb = nonblocking(s, flags);
-  if (announce_maps(s, lk, nb) && errno != EWOULDBLOCK) return static_cast<size_t>(-1);
+  if (announce_maps(s, lk, nb)) return static_cast<size_t>(errno == EWOULDBLOCK ? would_block() : -1);
   const uint8_t* p = static_cast<const uint8_t*>(buf);
   size_t left = count;
   int ret = 0;

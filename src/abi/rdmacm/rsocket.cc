@@ -750,10 +750,12 @@ int check_all(pollfd* fds, nfds_t n) {
   return ready;
 }
 
-// The ordinary fds' state now (no wait), added to ready.
-int poll_plain(pollfd* fds, nfds_t n, std::vector<pollfd>& tmp) {
+// The ordinary fds' state now (no wait): how many are ready.
+int poll_plain(pollfd* fds, nfds_t n) {
+  thread_local std::vector<pollfd> tmp;  // kept: rpoll(0) in a loop allocates nothing
+  thread_local std::vector<nfds_t> at;
   tmp.clear();
-  std::vector<nfds_t> at;
+  at.clear();
   for (nfds_t i = 0; i < n; i++) {
     if (lookup(fds[i].fd)) continue;
     tmp.push_back(fds[i]);
@@ -1316,12 +1318,12 @@ SR_EXPORT int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
   if (!any) return poll(fds, nfds, timeout);
   const int64_t start = mono_ns();
   const int64_t deadline = timeout < 0 ? INT64_MAX : start + int64_t{timeout} * 1'000'000;
-  std::vector<pollfd> tmp, set;
-  std::vector<Socket*> owners;
+  thread_local std::vector<pollfd> set;
+  thread_local std::vector<Socket*> owners;
   for (;;) {
     for (nfds_t i = 0; i < nfds; i++) fds[i].revents = 0;
     int ready = check_all(fds, nfds);
-    const int plain = poll_plain(fds, nfds, tmp);
+    const int plain = poll_plain(fds, nfds);
     if (plain < 0) return -1;
     ready += plain;
     const int64_t now = mono_ns();
@@ -1366,7 +1368,8 @@ SR_EXPORT int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
 
 SR_EXPORT int rselect(int nfds, fd_set* readfds, fd_set* writefds, fd_set* exceptfds, timeval* timeout) {
   if (nfds < 0 || nfds > FD_SETSIZE) return fail(EINVAL);
-  std::vector<pollfd> fds;
+  thread_local std::vector<pollfd> fds;
+  fds.clear();
   for (int fd = 0; fd < nfds; fd++) {
     short ev = 0;
     if (readfds && FD_ISSET(fd, readfds)) ev |= POLLIN;

@@ -146,12 +146,14 @@ TEST(Rsocket, BadDescriptorsAreEbadf) {
 
 TEST(Rsocket, WhatItCannotBeIsNotSupported) {
   for (auto [domain, type, proto] : {std::tuple{AF_UNIX, SOCK_STREAM, 0}, {AF_INET, SOCK_SEQPACKET, 0},
-                                     {AF_INET, SOCK_STREAM, IPPROTO_UDP}, {AF_INET, SOCK_DGRAM, IPPROTO_TCP},
-                                     {AF_INET, SOCK_DGRAM, 0}}) {  // datagram rsockets: not there yet
+                                     {AF_INET, SOCK_STREAM, IPPROTO_UDP}, {AF_INET, SOCK_DGRAM, IPPROTO_TCP}}) {
     errno = 0;
     EXPECT_EQ(rsocket(domain, type, proto), -1);
     EXPECT_EQ(errno, EOPNOTSUPP) << domain << " " << type << " " << proto;
   }
+  errno = 0;
+  EXPECT_EQ(rsocket(AF_INET6, SOCK_DGRAM, 0), -1);  // datagram rsockets: IPv4 only
+  EXPECT_EQ(errno, EAFNOSUPPORT);
 }
 
 TEST(Rsocket, WrongStateGetsRdmaCoresErrno) {
@@ -483,6 +485,90 @@ TEST(Rsocket, PeerKilledEndsABlockedRead) {
   EXPECT_EQ(errno, ECONNRESET);
   rclose(s);
   rclose(l);
+}
+
+// Datagram rsockets: the sender finds the receiver's QP through its UDP socket (answered by whichever
+// call the receiver is in, here non-blocking receives), then datagrams go by UD with their source.
+TEST(RsocketDgram, DatagramsBothWaysWithTheirSource) {
+  const int a = rsocket(AF_INET, SOCK_DGRAM, 0), b = rsocket(AF_INET, SOCK_DGRAM, 0);
+  ASSERT_GE(a, 0) << strerror(errno);
+  ASSERT_GE(b, 0);
+  sockaddr_in aa = loopback(0);
+  ASSERT_EQ(rbind(a, sa(&aa), sizeof aa), 0) << strerror(errno);
+  socklen_t len = sizeof aa;
+  ASSERT_EQ(rgetsockname(a, sa(&aa), &len), 0);
+  char msg[1000], got[2000];
+  for (size_t i = 0; i < sizeof msg; i++) msg[i] = static_cast<char>(i * 3);
+  // b sends (non-blocking: EAGAIN until a has answered its Hello, which a's receives do).
+  ssize_t k = -1;
+  const auto t0 = Clock::now();
+  while ((k = rsendto(b, msg, sizeof msg, MSG_DONTWAIT, sa(&aa), sizeof aa)) < 0 &&
+         Clock::now() - t0 < std::chrono::seconds(5)) {
+    ASSERT_EQ(errno, EAGAIN);
+    rrecvfrom(a, got, sizeof got, MSG_DONTWAIT, nullptr, nullptr);
+  }
+  ASSERT_EQ(k, static_cast<ssize_t>(sizeof msg));
+  sockaddr_in from{};
+  socklen_t flen = sizeof from;
+  pollfd p{a, POLLIN, 0};
+  ASSERT_EQ(rpoll(&p, 1, 5000), 1);
+  ASSERT_EQ(rrecvfrom(a, got, sizeof got, 0, sa(&from), &flen), static_cast<ssize_t>(sizeof msg));
+  EXPECT_EQ(memcmp(got, msg, sizeof msg), 0);
+  sockaddr_in bn{};
+  len = sizeof bn;
+  ASSERT_EQ(rgetsockname(b, sa(&bn), &len), 0);
+  EXPECT_EQ(from.sin_port, bn.sin_port);
+  EXPECT_EQ(from.sin_addr.s_addr, htonl(INADDR_LOOPBACK));
+  // a answers the source: it knows b's QP already, so a blocking send goes at once.
+  ASSERT_EQ(rsendto(a, "pong", 4, 0, sa(&from), flen), 4);
+  ASSERT_EQ(rrecv(b, got, 2, 0), 2);  // a shorter buffer: the rest of the datagram is dropped
+  EXPECT_EQ(memcmp(got, "po", 2), 0);
+  EXPECT_EQ(rrecv(b, got, sizeof got, MSG_DONTWAIT), -1);
+  EXPECT_EQ(errno, EAGAIN);
+  // Connected: rsend goes to the connected address.
+  ASSERT_EQ(rconnect(a, sa(&from), flen), 0);
+  ASSERT_EQ(rsend(a, "x", 1, 0), 1);
+  ASSERT_EQ(rrecv(b, got, sizeof got, 0), 1);
+  sockaddr_in peer{};
+  len = sizeof peer;
+  ASSERT_EQ(rgetpeername(a, sa(&peer), &len), 0);
+  EXPECT_EQ(peer.sin_port, bn.sin_port);
+  rclose(a);
+  rclose(b);
+}
+
+TEST(RsocketDgram, MisuseGetsTheSocketsErrno) {
+  const int d = rsocket(AF_INET, SOCK_DGRAM, 0);
+  ASSERT_GE(d, 0);
+  char b[8] = {};
+  errno = 0;
+  EXPECT_EQ(rlisten(d, 1), -1);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  EXPECT_EQ(raccept(d, nullptr, nullptr), -1);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  EXPECT_EQ(rsend(d, b, sizeof b, 0), -1);  // no destination
+  EXPECT_EQ(errno, EDESTADDRREQ);
+  sockaddr_in p{};
+  socklen_t len = sizeof p;
+  EXPECT_EQ(rgetpeername(d, sa(&p), &len), -1);
+  EXPECT_EQ(errno, ENOTCONN);
+  EXPECT_EQ(riomap(d, b, sizeof b, PROT_WRITE, 0, -1), -1);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  int v = 64;
+  EXPECT_EQ(rsetsockopt(d, SOL_RDMA, RDMA_SQSIZE, &v, sizeof v), -1);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  sockaddr_in a = loopback(0);
+  ASSERT_EQ(rbind(d, sa(&a), sizeof a), 0);
+  len = sizeof a;
+  ASSERT_EQ(rgetsockname(d, sa(&a), &len), 0);
+  std::vector<char> big(1 << 16);
+  EXPECT_EQ(rsendto(d, big.data(), big.size(), 0, sa(&a), sizeof a), -1);  // more than the path MTU
+  EXPECT_EQ(errno, EMSGSIZE);
+  sockaddr_in6 six{};
+  six.sin6_family = AF_INET6;
+  EXPECT_EQ(rsendto(d, b, 1, 0, reinterpret_cast<sockaddr*>(&six), sizeof six), -1);
+  EXPECT_EQ(errno, EAFNOSUPPORT);
+  EXPECT_EQ(rclose(d), 0);
 }
 
 }  // namespace

@@ -12,7 +12,7 @@
 //   allocation and no lock other than the socket's own on the data path.
 // - Accepting: a connection request is accepted at once (QP, rings, REP); the socket sends only once the
 //   RTU has come (ESTABLISHED) or the peer's first write has, so no write reaches a QP not yet ready.
-// SOCK_DGRAM rsockets (udpong) are not there: rsocket() fails with EOPNOTSUPP.
+// SOCK_DGRAM rsockets (udpong) are in rsocket_dgram.cc; this file keeps their descriptors and locks.
 #pragma GCC visibility push(default)
 #include <rdma/rsocket.h>
 #pragma GCC visibility pop
@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "abi/rdmacm/cm.h"
+#include "abi/rdmacm/rsocket_dgram.h"
 #include "abi/rdmacm/rsocket_proto.h"
 
 namespace softrdma::rdmacm {
@@ -94,6 +95,7 @@ struct Options {
 struct Socket {
   std::mutex mu;
   int fd = -1;
+  dgram::Dgram* dg = nullptr;  // a datagram rsocket: the rest is unused
   rdma_event_channel* ch = nullptr;
   rdma_cm_id* id = nullptr;
   St st = St::kInit;
@@ -150,16 +152,7 @@ Socket* lookup(int fd) {
   return g_table[fd].load(std::memory_order_acquire);
 }
 
-int fail(int err) {
-  errno = err;
-  return -1;
-}
 
-int64_t mono_ns() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
-}
 
 void set_nonblock(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
@@ -206,7 +199,7 @@ int post(Socket* s, const void* src, uint32_t len, uint64_t raddr, uint32_t rkey
   }
   wr.sg_list = len ? &sge : nullptr;
   wr.num_sge = len ? 1 : 0;
-  if (int ret = ibv_post_send(s->id->qp, &wr, &bad)) return fail(ret);
+  if (int ret = ibv_post_send(s->id->qp, &wr, &bad)) return fail_errno(ret);
 
   s->s_head += static_cast<uint32_t>(wr.wr_id);
   s->sq_free--;
@@ -341,7 +334,7 @@ int setup(Socket* s) {
 err:
   const int e = errno ? errno : ENOMEM;
   free_verbs(s);
-  return fail(e);
+  return fail_errno(e);
 }
 
 // Our half of the handshake: the private data (in c) and the QP's parameters.
@@ -481,10 +474,10 @@ void drain_cq_events(Socket* s) {
 // asleep), at most timeout_ms (-1: no limit). Spins briefly first.
 void wait_progress(Socket* s, std::unique_lock<std::mutex>& lk, int timeout_ms = -1) {
   if (s->cq) {
-    const int64_t t0 = mono_ns();
+    const int64_t t0 = now_ns();
     do {
       if (progress(s)) return;
-    } while (mono_ns() - t0 < kSpinNs);
+    } while (now_ns() - t0 < kSpinNs);
     ibv_req_notify_cq(s->cq, 0);
     if (progress(s)) return;
   }
@@ -503,9 +496,9 @@ int do_connect(Socket* s, std::unique_lock<std::mutex>& lk, bool block) {
   for (;;) {
     drain_cm(s);
     if (connected(s)) return 0;
-    if (s->st == St::kFailed) return fail(s->err);
-    if (s->st != St::kAddrQuery && s->st != St::kRouteQuery && s->st != St::kConnecting) return fail(EINVAL);
-    if (!block) return fail(EINPROGRESS);
+    if (s->st == St::kFailed) return fail_errno(s->err);
+    if (s->st != St::kAddrQuery && s->st != St::kRouteQuery && s->st != St::kConnecting) return fail_errno(EINVAL);
+    if (!block) return fail_errno(EINPROGRESS);
     wait_progress(s, lk);
   }
 }
@@ -541,6 +534,7 @@ Socket* new_socket() {
 }
 
 void destroy(Socket* s) {
+  if (s->dg) dgram::destroy(s->dg);
   free_verbs(s);
   if (s->id) rdma_destroy_id(s->id);
   if (s->ch) rdma_destroy_event_channel(s->ch);
@@ -573,9 +567,9 @@ int announce_maps(Socket* s, std::unique_lock<std::mutex>& lk, bool nb) {
   for (LocalMap& m : s->maps) {
     if (m.announced || m.slot < 0) continue;
     while (s->st != St::kConnected || s->sq_free <= kCtrlReserve) {
-      if (!writable(s)) return fail(ECONNRESET);
+      if (!writable(s)) return fail_errno(ECONNRESET);
       if (progress(s)) continue;
-      if (nb) return fail(EWOULDBLOCK);
+      if (nb) return fail_errno(EWOULDBLOCK);
       wait_progress(s, lk);
     }
     IoEntry e{htole64(m.offset), htole64(reinterpret_cast<uintptr_t>(m.buf)), htole32(m.mr->rkey),
@@ -593,13 +587,14 @@ bool nonblocking(const Socket* s, int flags) { return s->nonblock || (flags & MS
 // them. One syscall on an empty call, none on a call that moves data.
 int would_block() {
   sched_yield();
-  return fail(EWOULDBLOCK);
+  return fail_errno(EWOULDBLOCK);
 }
 
-ssize_t send_iov(Socket* s, const iovec* iov, int iovcnt, int flags) {
+ssize_t send_iov(Socket* s, const iovec* iov, int iovcnt, int flags, const sockaddr* dst = nullptr) {
   std::unique_lock lk(s->mu);
-  if (finish_connect(s, lk)) return -1;
   const bool nb = nonblocking(s, flags);
+  if (s->dg) return dgram::send(s->dg, lk, iov, iovcnt, dst, nb);
+  if (finish_connect(s, lk)) return -1;
   if (announce_maps(s, lk, nb)) return errno == EWOULDBLOCK ? would_block() : -1;
   size_t total = 0;
   for (int i = 0; i < iovcnt; i++) {
@@ -608,7 +603,7 @@ ssize_t send_iov(Socket* s, const iovec* iov, int iovcnt, int flags) {
     while (left) {
       if (!writable(s)) {
         if (total) return static_cast<ssize_t>(total);
-        return fail(ECONNRESET);
+        return fail_errno(ECONNRESET);
       }
       const uint32_t n = sendable(s, left);
       if (!n) {
@@ -633,8 +628,10 @@ ssize_t send_iov(Socket* s, const iovec* iov, int iovcnt, int flags) {
   return static_cast<ssize_t>(total);
 }
 
-ssize_t recv_iov(Socket* s, const iovec* iov, int iovcnt, int flags) {
+ssize_t recv_iov(Socket* s, const iovec* iov, int iovcnt, int flags, sockaddr* src = nullptr,
+                 socklen_t* srclen = nullptr) {
   std::unique_lock lk(s->mu);
+  if (s->dg) return dgram::recv(s->dg, lk, iov, iovcnt, src, srclen, nonblocking(s, flags), flags & MSG_PEEK);
   if (finish_connect(s, lk)) return -1;
   if (!connected(s)) return 0;  // as rdma-core: a socket that cannot read more reads end-of-file
   const bool nb = nonblocking(s, flags), peek = flags & MSG_PEEK, waitall = flags & MSG_WAITALL;
@@ -689,14 +686,14 @@ void shutdown_locked(Socket* s, std::unique_lock<std::mutex>& lk, int how) {
   s->rd_shut |= how == SHUT_RD || how == SHUT_RDWR;
   s->wr_shut |= how == SHUT_WR || how == SHUT_RDWR;
   if (!connected(s) || s->gone) return;
-  const int64_t deadline = mono_ns() + kShutdownWaitNs;
+  const int64_t deadline = now_ns() + kShutdownWaitNs;
   if (!was_wr && s->wr_shut) {
-    while (!s->gone && !can_ctrl(s) && mono_ns() < deadline) {
+    while (!s->gone && !can_ctrl(s) && now_ns() < deadline) {
       if (!progress(s)) wait_progress(s, lk, 100);
     }
     if (can_ctrl(s)) post_ctrl(s, s->rd_shut ? kImmClose : kImmShutWr);
   }
-  while (!s->gone && s->sq_free < s->o.sq_size && mono_ns() < deadline) {
+  while (!s->gone && s->sq_free < s->o.sq_size && now_ns() < deadline) {
     if (!progress(s)) wait_progress(s, lk, 100);
   }
 }
@@ -705,6 +702,7 @@ void shutdown_locked(Socket* s, std::unique_lock<std::mutex>& lk, int how) {
 
 short revents_of(Socket* s, short events) {
   std::unique_lock lk(s->mu);
+  if (s->dg) return dgram::revents(s->dg, events);
   short r = 0;
   switch (s->st) {
     case St::kListening:
@@ -783,15 +781,29 @@ SR_EXPORT int rsocket(int domain, int type, int protocol) {
   if ((domain != AF_INET && domain != AF_INET6 && domain != AF_IB) || (kind != SOCK_STREAM && kind != SOCK_DGRAM) ||
       (kind == SOCK_STREAM && protocol && protocol != IPPROTO_TCP) ||
       (kind == SOCK_DGRAM && protocol && protocol != IPPROTO_UDP))
-    return fail(EOPNOTSUPP);
-  if (kind == SOCK_DGRAM) return fail(EOPNOTSUPP);  // datagram rsockets are not there yet
-  if (domain == AF_IB) return fail(EAFNOSUPPORT);   // IP addressing only
+    return fail_errno(EOPNOTSUPP);
+  if (domain == AF_IB) return fail_errno(EAFNOSUPPORT);  // IP addressing only
+  if (kind == SOCK_DGRAM) {
+    int fd;
+    dgram::Dgram* d = dgram::create(domain, &fd);
+    if (!d) return -1;
+    if (fd >= kMaxFd) {
+      dgram::destroy(d);
+      return fail_errno(ENOMEM);
+    }
+    Socket* s = new Socket;
+    s->fd = fd;
+    s->dg = d;
+    s->nonblock = type & SOCK_NONBLOCK;
+    g_table[fd].store(s, std::memory_order_release);
+    return fd;
+  }
   Socket* s = new_socket();
   if (!s) return -1;
   if (rdma_create_id(s->ch, &s->id, s, RDMA_PS_TCP)) {
     const int e = errno;
     destroy(s);
-    return fail(e);
+    return fail_errno(e);
   }
   s->id->route.addr.src_addr.sa_family = static_cast<sa_family_t>(domain);
   s->nonblock = type & SOCK_NONBLOCK;
@@ -802,10 +814,11 @@ SR_EXPORT int rsocket(int domain, int type, int protocol) {
 
 SR_EXPORT int rbind(int fd, const sockaddr* addr, socklen_t addrlen) {
   Socket* s = lookup(fd);
-  if (!s) return fail(EBADF);
-  if (!addr || addrlen < sizeof(sockaddr_in)) return fail(EINVAL);
+  if (!s) return fail_errno(EBADF);
+  if (!addr || addrlen < sizeof(sockaddr_in)) return fail_errno(EINVAL);
   std::lock_guard lk(s->mu);
-  if (s->st != St::kInit) return fail(EINVAL);
+  if (s->dg) return dgram::bind(s->dg, addr, addrlen);
+  if (s->st != St::kInit) return fail_errno(EINVAL);
   if (rdma_bind_addr(s->id, const_cast<sockaddr*>(addr))) return -1;
   s->st = St::kBound;
   return 0;
@@ -813,10 +826,11 @@ SR_EXPORT int rbind(int fd, const sockaddr* addr, socklen_t addrlen) {
 
 SR_EXPORT int rlisten(int fd, int backlog) {
   Socket* s = lookup(fd);
-  if (!s) return fail(EBADF);
+  if (!s) return fail_errno(EBADF);
   std::lock_guard lk(s->mu);
+  if (s->dg) return fail_errno(EOPNOTSUPP);  // a datagram socket
   if (s->st == St::kListening) return 0;
-  if (s->st != St::kInit && s->st != St::kBound) return fail(EINVAL);
+  if (s->st != St::kInit && s->st != St::kBound) return fail_errno(EINVAL);
   if (rdma_listen(s->id, backlog)) return -1;
   s->st = St::kListening;
   return 0;
@@ -843,7 +857,7 @@ int accept_one(Socket* ls, rdma_cm_event* ev) {
     rdma_reject(cid, nullptr, 0);
     rdma_destroy_id(cid);
     destroy(s);
-    return fail(ECONNABORTED);
+    return fail_errno(ECONNABORTED);
   }
   s->id = cid;
   cid->context = s;
@@ -851,14 +865,14 @@ int accept_one(Socket* ls, rdma_cm_event* ev) {
     const int e = errno;
     rdma_reject(cid, nullptr, 0);
     destroy(s);
-    return fail(e);
+    return fail_errno(e);
   }
   ConnData c = conn_data(s);
   rdma_conn_param p = conn_param(&c);
   if (rdma_accept(cid, &p)) {
     const int e = errno;
     destroy(s);
-    return fail(e);
+    return fail_errno(e);
   }
   s->st = St::kAccepting;
   g_table[s->fd].store(s, std::memory_order_release);
@@ -875,9 +889,10 @@ void copy_addr(sockaddr* dst, socklen_t* len, const sockaddr* src) {
 
 SR_EXPORT int raccept(int fd, sockaddr* addr, socklen_t* addrlen) {
   Socket* s = lookup(fd);
-  if (!s) return fail(EBADF);
+  if (!s) return fail_errno(EBADF);
   std::unique_lock lk(s->mu);
-  if (s->st != St::kListening) return fail(EBADF);  // as rdma-core
+  if (s->dg) return fail_errno(EOPNOTSUPP);
+  if (s->st != St::kListening) return fail_errno(EBADF);  // as rdma-core
   for (;;) {
     drain_cm(s);
     while (!s->requests.empty()) {
@@ -891,19 +906,20 @@ SR_EXPORT int raccept(int fd, sockaddr* addr, socklen_t* addrlen) {
       }
       return nfd;
     }
-    if (s->nonblock) return fail(EAGAIN);
+    if (s->nonblock) return fail_errno(EAGAIN);
     wait_progress(s, lk);
   }
 }
 
 SR_EXPORT int rconnect(int fd, const sockaddr* addr, socklen_t addrlen) {
   Socket* s = lookup(fd);
-  if (!s) return fail(EBADF);
+  if (!s) return fail_errno(EBADF);
   std::unique_lock lk(s->mu);
+  if (s->dg) return dgram::connect(s->dg, addr, addrlen);
   switch (s->st) {
     case St::kInit:
     case St::kBound: {
-      if (!addr || addrlen < sizeof(sockaddr_in)) return fail(EINVAL);
+      if (!addr || addrlen < sizeof(sockaddr_in)) return fail_errno(EINVAL);
       sockaddr_storage dst{};
       memcpy(&dst, addr, std::min<size_t>(addrlen, sizeof dst));
       if (rdma_resolve_addr(s->id, nullptr, reinterpret_cast<sockaddr*>(&dst), kResolveMs)) {
@@ -914,9 +930,9 @@ SR_EXPORT int rconnect(int fd, const sockaddr* addr, socklen_t addrlen) {
       break;
     }
     case St::kListening:
-      return fail(EINVAL);
+      return fail_errno(EINVAL);
     case St::kFailed:
-      return fail(ENOTCONN);  // as rdma-core: the error was reported once
+      return fail_errno(ENOTCONN);  // as rdma-core: the error was reported once
     default:
       break;
   }
@@ -925,19 +941,19 @@ SR_EXPORT int rconnect(int fd, const sockaddr* addr, socklen_t addrlen) {
 
 SR_EXPORT int rshutdown(int fd, int how) {
   Socket* s = lookup(fd);
-  if (!s) return fail(EBADF);
-  if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) return fail(EINVAL);
+  if (!s) return fail_errno(EBADF);
+  if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) return fail_errno(EINVAL);
   std::unique_lock lk(s->mu);
-  shutdown_locked(s, lk, how);
+  if (!s->dg) shutdown_locked(s, lk, how);
   return 0;
 }
 
 SR_EXPORT int rclose(int fd) {
   Socket* s = lookup(fd);
-  if (!s) return fail(EBADF);
+  if (!s) return fail_errno(EBADF);
   {
     std::unique_lock lk(s->mu);
-    if (connected(s)) {
+    if (!s->dg && connected(s)) {
       shutdown_locked(s, lk, SHUT_RDWR);
       rdma_disconnect(s->id);
     }
@@ -956,12 +972,17 @@ SR_EXPORT int rclose(int fd) {
 
 SR_EXPORT ssize_t rrecv(int fd, void* buf, size_t len, int flags) {
   Socket* s = lookup(fd);
-  if (!s) return fail(EBADF);
+  if (!s) return fail_errno(EBADF);
   iovec v{buf, len};
   return recv_iov(s, &v, 1, flags);
 }
 
 SR_EXPORT ssize_t rrecvfrom(int fd, void* buf, size_t len, int flags, sockaddr* src, socklen_t* srclen) {
+  Socket* s = lookup(fd);
+  if (s && s->dg) {
+    iovec v{buf, len};
+    return recv_iov(s, &v, 1, flags, src, srclen);
+  }
   const ssize_t n = rrecv(fd, buf, len, flags);
   if (n > 0 && src && srclen) rgetpeername(fd, src, srclen);
   return n;
@@ -969,74 +990,86 @@ SR_EXPORT ssize_t rrecvfrom(int fd, void* buf, size_t len, int flags, sockaddr* 
 
 SR_EXPORT ssize_t rrecvmsg(int fd, msghdr* msg, int flags) {
   Socket* s = lookup(fd);
-  if (!s) return fail(EBADF);
-  if (!msg) return fail(EINVAL);
-  if (msg->msg_control && msg->msg_controllen) return fail(EOPNOTSUPP);
-  return recv_iov(s, msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags);
+  if (!s) return fail_errno(EBADF);
+  if (!msg) return fail_errno(EINVAL);
+  if (msg->msg_control && msg->msg_controllen) return fail_errno(EOPNOTSUPP);
+  return recv_iov(s, msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags, static_cast<sockaddr*>(msg->msg_name),
+                  msg->msg_name ? &msg->msg_namelen : nullptr);
 }
 
 SR_EXPORT ssize_t rread(int fd, void* buf, size_t count) { return rrecv(fd, buf, count, 0); }
 
 SR_EXPORT ssize_t rreadv(int fd, const iovec* iov, int iovcnt) {
   Socket* s = lookup(fd);
-  if (!s) return fail(EBADF);
-  if (iovcnt < 0 || (iovcnt && !iov)) return fail(EINVAL);
+  if (!s) return fail_errno(EBADF);
+  if (iovcnt < 0 || (iovcnt && !iov)) return fail_errno(EINVAL);
   return recv_iov(s, iov, iovcnt, 0);
 }
 
 SR_EXPORT ssize_t rsend(int fd, const void* buf, size_t len, int flags) {
   Socket* s = lookup(fd);
-  if (!s) return fail(EBADF);
+  if (!s) return fail_errno(EBADF);
   iovec v{const_cast<void*>(buf), len};
   return send_iov(s, &v, 1, flags);
 }
 
 SR_EXPORT ssize_t rsendto(int fd, const void* buf, size_t len, int flags, const sockaddr* dst, socklen_t dstlen) {
-  if (!lookup(fd)) return fail(EBADF);
-  if (dst || dstlen) return fail(EISCONN);  // a stream socket (as rdma-core)
+  Socket* s = lookup(fd);
+  if (!s) return fail_errno(EBADF);
+  if (s->dg) {
+    if (dst && dstlen < sizeof(sockaddr_in)) return fail_errno(EINVAL);
+    iovec v{const_cast<void*>(buf), len};
+    return send_iov(s, &v, 1, flags, dst);
+  }
+  if (dst || dstlen) return fail_errno(EISCONN);  // a stream socket (as rdma-core)
   return rsend(fd, buf, len, flags);
 }
 
 SR_EXPORT ssize_t rsendmsg(int fd, const msghdr* msg, int flags) {
   Socket* s = lookup(fd);
-  if (!s) return fail(EBADF);
-  if (!msg) return fail(EINVAL);
-  if (msg->msg_control && msg->msg_controllen) return fail(EOPNOTSUPP);
-  return send_iov(s, msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags);
+  if (!s) return fail_errno(EBADF);
+  if (!msg) return fail_errno(EINVAL);
+  if (msg->msg_control && msg->msg_controllen) return fail_errno(EOPNOTSUPP);
+  if (s->dg && msg->msg_name && msg->msg_namelen < sizeof(sockaddr_in)) return fail_errno(EINVAL);
+  return send_iov(s, msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags,
+                  s->dg ? static_cast<const sockaddr*>(msg->msg_name) : nullptr);
 }
 
 SR_EXPORT ssize_t rwrite(int fd, const void* buf, size_t count) { return rsend(fd, buf, count, 0); }
 
 SR_EXPORT ssize_t rwritev(int fd, const iovec* iov, int iovcnt) {
   Socket* s = lookup(fd);
-  if (!s) return fail(EBADF);
-  if (iovcnt < 0 || (iovcnt && !iov)) return fail(EINVAL);
+  if (!s) return fail_errno(EBADF);
+  if (iovcnt < 0 || (iovcnt && !iov)) return fail_errno(EINVAL);
   return send_iov(s, iov, iovcnt, 0);
 }
 
 SR_EXPORT int rgetpeername(int fd, sockaddr* addr, socklen_t* addrlen) {
   Socket* s = lookup(fd);
-  if (!s) return fail(EBADF);
-  if (!addr || !addrlen) return fail(EFAULT);
+  if (!s) return fail_errno(EBADF);
+  if (!addr || !addrlen) return fail_errno(EFAULT);
   std::lock_guard lk(s->mu);
+  if (s->dg) return dgram::getpeername(s->dg, addr, addrlen);
   copy_addr(addr, addrlen, rdma_get_peer_addr(s->id));
   return 0;
 }
 
 SR_EXPORT int rgetsockname(int fd, sockaddr* addr, socklen_t* addrlen) {
   Socket* s = lookup(fd);
-  if (!s) return fail(EBADF);
-  if (!addr || !addrlen) return fail(EFAULT);
+  if (!s) return fail_errno(EBADF);
+  if (!addr || !addrlen) return fail_errno(EFAULT);
   std::lock_guard lk(s->mu);
+  if (s->dg) return dgram::getsockname(s->dg, addr, addrlen);
   copy_addr(addr, addrlen, rdma_get_local_addr(s->id));
   return 0;
 }
 
 SR_EXPORT int rsetsockopt(int fd, int level, int optname, const void* optval, socklen_t optlen) {
   Socket* s = lookup(fd);
-  if (!s) return fail(EBADF);
-  if (!optval || optlen < sizeof(int)) return fail(EINVAL);
+  if (!s) return fail_errno(EBADF);
+  if (!optval || optlen < sizeof(int)) return fail_errno(EINVAL);
   std::lock_guard lk(s->mu);
+  if (s->dg) return level == SOL_RDMA ? fail_errno(EOPNOTSUPP) : dgram::setsockopt(s->dg, level, optname, optval, optlen);
   const int v = *static_cast<const int*>(optval);
   uint32_t* bits = nullptr;
   bool on = v != 0;
@@ -1058,7 +1091,7 @@ SR_EXPORT int rsetsockopt(int fd, int level, int optname, const void* optval, so
           if (!s->sbuf) s->o.sbuf_size = static_cast<uint32_t>(v) << 1;
           break;
         case SO_LINGER:
-          if (optlen < sizeof(linger)) return fail(EINVAL);
+          if (optlen < sizeof(linger)) return fail_errno(EINVAL);
           memcpy(&s->o.lin, optval, sizeof s->o.lin);
           on = s->o.lin.l_onoff;
           break;
@@ -1066,11 +1099,11 @@ SR_EXPORT int rsetsockopt(int fd, int level, int optname, const void* optval, so
         case SO_OOBINLINE:
           break;
         default:
-          return fail(EOPNOTSUPP);
+          return fail_errno(EOPNOTSUPP);
       }
       break;
     case IPPROTO_IP:
-      if (optname != IP_TOS) return fail(EOPNOTSUPP);
+      if (optname != IP_TOS) return fail_errno(EOPNOTSUPP);
       {
         uint8_t tos = static_cast<uint8_t>(v);
         return rdma_set_option(s->id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, sizeof tos);
@@ -1085,22 +1118,22 @@ SR_EXPORT int rsetsockopt(int fd, int level, int optname, const void* optval, so
         case TCP_CONGESTION:
           break;
         case TCP_KEEPIDLE:
-          if (v <= 0) return fail(EINVAL);
+          if (v <= 0) return fail_errno(EINVAL);
           s->o.keepidle = v;
           break;
         default:
-          return fail(EOPNOTSUPP);
+          return fail_errno(EOPNOTSUPP);
       }
       break;
     case IPPROTO_IPV6:
-      if (optname != IPV6_V6ONLY) return fail(EOPNOTSUPP);
+      if (optname != IPV6_V6ONLY) return fail_errno(EOPNOTSUPP);
       {
         int val = v;
         if (rdma_set_option(s->id, RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY, &val, sizeof val)) return -1;
       }
       return 0;
     case SOL_RDMA:
-      if (s->st != St::kInit && s->st != St::kBound && s->st != St::kListening) return fail(EINVAL);
+      if (s->st != St::kInit && s->st != St::kBound && s->st != St::kListening) return fail_errno(EINVAL);
       switch (optname) {
         case RDMA_SQSIZE:
           s->o.sq_size = std::clamp<uint32_t>(static_cast<uint32_t>(v), kCtrlReserve * 4, kMaxQueue);
@@ -1117,10 +1150,10 @@ SR_EXPORT int rsetsockopt(int fd, int level, int optname, const void* optval, so
         case RDMA_ROUTE:
           return 0;  // our rdma_cm resolves the route itself
         default:
-          return fail(EOPNOTSUPP);
+          return fail_errno(EOPNOTSUPP);
       }
     default:
-      return fail(EOPNOTSUPP);
+      return fail_errno(EOPNOTSUPP);
   }
   if (bits && optname < 32) *bits = on ? (*bits | (1u << optname)) : (*bits & ~(1u << optname));
   return 0;
@@ -1128,9 +1161,10 @@ SR_EXPORT int rsetsockopt(int fd, int level, int optname, const void* optval, so
 
 SR_EXPORT int rgetsockopt(int fd, int level, int optname, void* optval, socklen_t* optlen) {
   Socket* s = lookup(fd);
-  if (!s) return fail(EBADF);
-  if (!optval || !optlen || *optlen < sizeof(int)) return fail(EINVAL);
+  if (!s) return fail_errno(EBADF);
+  if (!optval || !optlen || *optlen < sizeof(int)) return fail_errno(EINVAL);
   std::unique_lock lk(s->mu);
+  if (s->dg) return level == SOL_RDMA ? fail_errno(EOPNOTSUPP) : getsockopt(fd, level, optname, optval, optlen);
   int v = 0;
   switch (level) {
     case SOL_SOCKET:
@@ -1147,7 +1181,7 @@ SR_EXPORT int rgetsockopt(int fd, int level, int optname, void* optval, socklen_
           v = static_cast<int>(s->o.sbuf_size);
           break;
         case SO_LINGER:
-          if (*optlen < sizeof(linger)) return fail(EINVAL);
+          if (*optlen < sizeof(linger)) return fail_errno(EINVAL);
           memcpy(optval, &s->o.lin, sizeof s->o.lin);
           *optlen = sizeof s->o.lin;
           return 0;
@@ -1157,7 +1191,7 @@ SR_EXPORT int rgetsockopt(int fd, int level, int optname, void* optval, socklen_
           s->err = 0;
           break;
         default:
-          return fail(EOPNOTSUPP);
+          return fail_errno(EOPNOTSUPP);
       }
       break;
     case IPPROTO_TCP:
@@ -1172,7 +1206,7 @@ SR_EXPORT int rgetsockopt(int fd, int level, int optname, void* optval, socklen_
           v = 2048;
           break;
         default:
-          return fail(EOPNOTSUPP);
+          return fail_errno(EOPNOTSUPP);
       }
       break;
     case SOL_RDMA:
@@ -1190,11 +1224,11 @@ SR_EXPORT int rgetsockopt(int fd, int level, int optname, void* optval, socklen_
           v = static_cast<int>(s->o.iomap_size);
           break;
         default:
-          return fail(EOPNOTSUPP);
+          return fail_errno(EOPNOTSUPP);
       }
       break;
     default:
-      return fail(EOPNOTSUPP);
+      return fail_errno(EOPNOTSUPP);
   }
   memcpy(optval, &v, sizeof v);
   *optlen = sizeof v;
@@ -1203,7 +1237,7 @@ SR_EXPORT int rgetsockopt(int fd, int level, int optname, void* optval, socklen_
 
 SR_EXPORT int rfcntl(int fd, int cmd, ...) {
   Socket* s = lookup(fd);
-  if (!s) return fail(EBADF);
+  if (!s) return fail_errno(EBADF);
   std::lock_guard lk(s->mu);
   switch (cmd) {
     case F_GETFL:
@@ -1217,16 +1251,17 @@ SR_EXPORT int rfcntl(int fd, int cmd, ...) {
       return 0;
     }
     default:
-      return fail(EOPNOTSUPP);
+      return fail_errno(EOPNOTSUPP);
   }
 }
 
 SR_EXPORT off_t riomap(int fd, void* buf, size_t len, int prot, int flags, off_t offset) {
   Socket* s = lookup(fd);
-  if (!s) return fail(EBADF);
-  if (!buf || !len || len > UINT32_MAX || (prot & ~PROT_WRITE) || flags) return fail(EINVAL);
+  if (!s) return fail_errno(EBADF);
+  if (!buf || !len || len > UINT32_MAX || (prot & ~PROT_WRITE) || flags) return fail_errno(EINVAL);
   std::unique_lock lk(s->mu);
-  if (!connected(s) || !s->id->pd) return fail(EINVAL);
+  if (s->dg) return fail_errno(EOPNOTSUPP);  // a datagram socket has no connection to map into
+  if (!connected(s) || !s->id->pd) return fail_errno(EINVAL);
   int slot = -1;
   if (prot & PROT_WRITE) {
     for (uint32_t i = 0; i < s->p_iomap && slot < 0; i++) {
@@ -1234,7 +1269,7 @@ SR_EXPORT off_t riomap(int fd, void* buf, size_t len, int prot, int flags, off_t
       for (const LocalMap& m : s->maps)
         if (m.slot == slot) slot = -1;
     }
-    if (slot < 0) return fail(ENOMEM);  // the peer's table (its RDMA_IOMAPSIZE) is full
+    if (slot < 0) return fail_errno(ENOMEM);  // the peer's table (its RDMA_IOMAPSIZE) is full
   }
   const int access = IBV_ACCESS_LOCAL_WRITE | ((prot & PROT_WRITE) ? IBV_ACCESS_REMOTE_WRITE : 0);
   ibv_mr* mr = ibv_reg_mr(s->id->pd, buf, len, access);
@@ -1248,7 +1283,7 @@ SR_EXPORT off_t riomap(int fd, void* buf, size_t len, int prot, int flags, off_t
 
 SR_EXPORT int riounmap(int fd, void* buf, size_t len) {
   Socket* s = lookup(fd);
-  if (!s) return fail(EBADF);
+  if (!s) return fail_errno(EBADF);
   std::unique_lock lk(s->mu);
   for (auto it = s->maps.begin(); it != s->maps.end(); ++it) {
     if (it->buf != buf || it->len != len) continue;
@@ -1260,13 +1295,14 @@ SR_EXPORT int riounmap(int fd, void* buf, size_t len) {
     s->maps.erase(it);
     return 0;
   }
-  return fail(EINVAL);
+  return fail_errno(EINVAL);
 }
 
 SR_EXPORT size_t riowrite(int fd, const void* buf, size_t count, off_t offset, int flags) {
   Socket* s = lookup(fd);
-  if (!s) return static_cast<size_t>(fail(EBADF));
+  if (!s) return static_cast<size_t>(fail_errno(EBADF));
   std::unique_lock lk(s->mu);
+  if (s->dg) return static_cast<size_t>(fail_errno(EOPNOTSUPP));
   if (finish_connect(s, lk)) return static_cast<size_t>(-1);
   const bool nb = nonblocking(s, flags);
   if (announce_maps(s, lk, nb)) return static_cast<size_t>(errno == EWOULDBLOCK ? would_block() : -1);
@@ -1285,7 +1321,7 @@ SR_EXPORT size_t riowrite(int fd, const void* buf, size_t count, off_t offset, i
     }
     if (!e) break;
     if (!writable(s)) {
-      ret = fail(ECONNRESET);
+      ret = fail_errno(ECONNRESET);
       break;
     }
     const uint64_t end = le64toh(e->offset) + le32toh(e->length);
@@ -1297,7 +1333,7 @@ SR_EXPORT size_t riowrite(int fd, const void* buf, size_t count, off_t offset, i
     if (!n) {
       if (progress(s)) continue;
       if (nb) {
-        ret = fail(EWOULDBLOCK);
+        ret = fail_errno(EWOULDBLOCK);
         break;
       }
       wait_progress(s, lk);
@@ -1316,7 +1352,7 @@ SR_EXPORT int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
   bool any = false;
   for (nfds_t i = 0; i < nfds && !any; i++) any = lookup(fds[i].fd) != nullptr;
   if (!any) return poll(fds, nfds, timeout);
-  const int64_t start = mono_ns();
+  const int64_t start = now_ns();
   const int64_t deadline = timeout < 0 ? INT64_MAX : start + int64_t{timeout} * 1'000'000;
   thread_local std::vector<pollfd> set;
   thread_local std::vector<Socket*> owners;
@@ -1326,7 +1362,7 @@ SR_EXPORT int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
     const int plain = poll_plain(fds, nfds);
     if (plain < 0) return -1;
     ready += plain;
-    const int64_t now = mono_ns();
+    const int64_t now = now_ns();
     if (ready) return ready;
     if (now >= deadline) {
       sched_yield();  // as would_block: rpoll(0) in a loop
@@ -1343,6 +1379,15 @@ SR_EXPORT int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
         owners.push_back(nullptr);
         continue;
       }
+      if (s->dg) {
+        pollfd p[2];
+        std::lock_guard lk(s->mu);
+        for (int k = 0, n = dgram::sleep_fds(s->dg, p); k < n; k++) {
+          set.push_back(p[k]);
+          owners.push_back(s);
+        }
+        continue;
+      }
       arm(s);
       set.push_back({s->ch->fd, POLLIN, 0});
       owners.push_back(s);
@@ -1352,13 +1397,15 @@ SR_EXPORT int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
       }
     }
     if (check_all(fds, nfds)) continue;  // armed after the last look: look again before sleeping
-    const int64_t left_ms = deadline == INT64_MAX ? -1 : std::max<int64_t>(0, (deadline - mono_ns() + 999'999) / 1'000'000);
+    const int64_t left_ms = deadline == INT64_MAX ? -1 : std::max<int64_t>(0, (deadline - now_ns() + 999'999) / 1'000'000);
     if (poll(set.data(), set.size(), static_cast<int>(left_ms)) < 0 && errno != EINTR) return -1;
     for (size_t k = 0; k < set.size(); k++) {
       Socket* s = owners[k];
       if (!s || !(set[k].revents & POLLIN)) continue;
       std::lock_guard lk(s->mu);
-      if (s->cch && set[k].fd == s->cch->fd)
+      if (s->dg)
+        dgram::woken(s->dg);
+      else if (s->cch && set[k].fd == s->cch->fd)
         drain_cq_events(s);
       else
         drain_cm(s);
@@ -1367,7 +1414,7 @@ SR_EXPORT int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
 }
 
 SR_EXPORT int rselect(int nfds, fd_set* readfds, fd_set* writefds, fd_set* exceptfds, timeval* timeout) {
-  if (nfds < 0 || nfds > FD_SETSIZE) return fail(EINVAL);
+  if (nfds < 0 || nfds > FD_SETSIZE) return fail_errno(EINVAL);
   thread_local std::vector<pollfd> fds;
   fds.clear();
   for (int fd = 0; fd < nfds; fd++) {

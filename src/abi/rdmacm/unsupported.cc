@@ -1,6 +1,6 @@
 // What this librdmacm does not do yet, failing as it must rather than pretending:
-// - datagram rsockets (SOCK_DGRAM, udpong): rsocket() fails with EOPNOTSUPP; stream rsockets are in
-//   rsocket.cc.
+// - rsockets (rsocket.cc, rsocket_dgram.cc) over IPv6 or AF_IB addresses: EAFNOSUPPORT, as the rest of
+//   this librdmacm is IPv4 only.
 // - multicast: softrdma's verbs have none (ibv_attach_mcast fails with EOPNOTSUPP).
 // - ECE (enhanced connection establishment): the handshake carries no ECE; the remote's is all zero.
 #include <cerrno>

@@ -24,11 +24,12 @@ else
   server_run=() client_run=() addr=127.0.0.1
 fi
 head -c $((MIB << 20)) /dev/urandom >"$WORK/src"
-"${server_run[@]}" env LD_LIBRARY_PATH="$LIBDIR" timeout 60 stdbuf -oL rcopy -p "$PORT" >"$WORK/server" 2>&1 &
+pre=${SOFTRDMA_PRELOAD:+LD_PRELOAD=$SOFTRDMA_PRELOAD}  # the sanitizer runtime (tests/CMakeLists.txt)
+"${server_run[@]}" env LD_LIBRARY_PATH="$LIBDIR" $pre timeout 60 stdbuf -oL rcopy -p "$PORT" >"$WORK/server" 2>&1 &
 SERVER_PID=$!
 if [[ $WHERE == testnet ]]; then wait_listening "$PORT" "$TESTNET" exec h1; else wait_listening "$PORT"; fi
 start=$(date +%s.%N)
-"${client_run[@]}" env LD_LIBRARY_PATH="$LIBDIR" timeout 60 rcopy "$WORK/src" "$addr:$WORK/dst" -p "$PORT" >"$WORK/client" 2>&1
+"${client_run[@]}" env LD_LIBRARY_PATH="$LIBDIR" $pre timeout 60 rcopy "$WORK/src" "$addr:$WORK/dst" -p "$PORT" >"$WORK/client" 2>&1
 rc=$?
 elapsed=$(echo "$(date +%s.%N) - $start" | bc)
 kill "$SERVER_PID" 2>/dev/null

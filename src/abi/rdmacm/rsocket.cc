@@ -130,6 +130,7 @@ struct Socket {
   uint32_t arrived = 0, consumed = 0;  // bytes in our ring
   uint32_t msgs_in = 0;                // writes with immediate received (each receive posted again)
   Credits told{};                      // what the peer last heard from us
+  Credits peer{};                      // what we last heard from the peer (host order)
 
   bool rd_shut = false, wr_shut = false;  // rshutdown
   bool peer_wr_shut = false;              // the peer writes no more
@@ -165,10 +166,17 @@ uint32_t pow2_at_least(uint32_t v) {
 
 uint32_t load32(const uint32_t* p) { return le32toh(__atomic_load_n(p, __ATOMIC_ACQUIRE)); }
 
+// The peer's credits record as of its latest kImmCredits completion: read only then, once the write is
+// complete (the next one may be landing while we look: both totals only grow, so an older value is safe).
+void take_credits(Socket* s) {
+  s->peer.consumed = load32(&s->credits_in()->consumed);
+  s->peer.reposted = load32(&s->credits_in()->reposted);
+}
+
 // ---- credits and posting ----
 
-uint32_t peer_room(Socket* s) { return s->p_ring - (s->sent - load32(&s->credits_in()->consumed)); }
-uint32_t peer_msgs(Socket* s) { return s->p_rq - (s->sent_msgs - load32(&s->credits_in()->reposted)); }
+uint32_t peer_room(const Socket* s) { return s->p_ring - (s->sent - s->peer.consumed); }
+uint32_t peer_msgs(const Socket* s) { return s->p_rq - (s->sent_msgs - s->peer.reposted); }
 bool connected(const Socket* s) { return s->st == St::kConnected || s->st == St::kAccepting; }
 bool writable(const Socket* s) { return connected(s) && !s->gone && !s->peer_closed && !s->wr_shut; }
 
@@ -251,6 +259,8 @@ int poll_cq(Socket* s) {
         const uint32_t imm = ntohl(w.imm_data);
         if (!(imm & kImmCtrl))
           s->arrived += imm;
+        else if (imm == kImmCredits)
+          take_credits(s);
         else if (imm == kImmShutWr)
           s->peer_wr_shut = true;
         else if (imm == kImmClose)

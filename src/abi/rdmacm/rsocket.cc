@@ -131,6 +131,7 @@ struct Socket {
   uint32_t msgs_in = 0;                // writes with immediate received (each receive posted again)
   Credits told{};                      // what the peer last heard from us
   Credits peer{};                      // what we last heard from the peer (host order)
+  uint32_t credit_seq = 0;             // credit updates sent: the next goes to slot credit_seq % p_rq
 
   bool rd_shut = false, wr_shut = false;  // rshutdown
   bool peer_wr_shut = false;              // the peer writes no more
@@ -141,8 +142,8 @@ struct Socket {
   std::vector<LocalMap> maps;
 
   Credits* credits_in() { return reinterpret_cast<Credits*>(region); }
-  IoEntry* iomap_in() { return reinterpret_cast<IoEntry*>(region + kIomapOffset); }
-  uint8_t* ring() { return region + ring_offset(o.iomap_size); }
+  IoEntry* iomap_in() { return reinterpret_cast<IoEntry*>(region + iomap_offset(o.rq_size)); }
+  uint8_t* ring() { return region + ring_offset(o.rq_size, o.iomap_size); }
 };
 
 constexpr int kMaxFd = 1 << 16;  // as rdma-core's index map
@@ -166,11 +167,13 @@ uint32_t pow2_at_least(uint32_t v) {
 
 uint32_t load32(const uint32_t* p) { return le32toh(__atomic_load_n(p, __ATOMIC_ACQUIRE)); }
 
-// The peer's credits record as of its latest kImmCredits completion: read only then, once the write is
-// complete (the next one may be landing while we look: both totals only grow, so an older value is safe).
-void take_credits(Socket* s) {
-  s->peer.consumed = load32(&s->credits_in()->consumed);
-  s->peer.reposted = load32(&s->credits_in()->reposted);
+// The peer's credits record in the slot its kImmCredits completion names, read when that completion is
+// polled (no later write reaches the slot before we post that receive again: rsocket_proto.h).
+void take_credits(Socket* s, uint32_t slot) {
+  if (slot >= s->o.rq_size) return;
+  const Credits& c = s->credits_in()[slot];
+  s->peer.consumed = load32(&c.consumed);
+  s->peer.reposted = load32(&c.reposted);
 }
 
 // ---- credits and posting ----
@@ -228,7 +231,11 @@ void give_credits(Socket* s) {
   if (!b && msgs < s->o.rq_size / 4) return;
   if (!can_ctrl(s)) return;  // again at the next poll
   Credits c{htole32(s->consumed), htole32(s->msgs_in)};
-  if (post(s, &c, sizeof c, s->p_addr, s->p_rkey, kImmCredits, true) == 0) s->told = {s->consumed, s->msgs_in};
+  const uint32_t slot = s->credit_seq % s->p_rq;
+  if (post(s, &c, sizeof c, s->p_addr + slot * sizeof c, s->p_rkey, credits_imm(slot), true) == 0) {
+    s->told = {s->consumed, s->msgs_in};
+    s->credit_seq++;
+  }
 }
 
 void repost(Socket* s) {
@@ -259,8 +266,8 @@ int poll_cq(Socket* s) {
         const uint32_t imm = ntohl(w.imm_data);
         if (!(imm & kImmCtrl))
           s->arrived += imm;
-        else if (imm == kImmCredits)
-          take_credits(s);
+        else if (imm_type(imm) == kImmCredits)
+          take_credits(s, imm_slot(imm));
         else if (imm == kImmShutWr)
           s->peer_wr_shut = true;
         else if (imm == kImmClose)
@@ -309,7 +316,7 @@ int setup(Socket* s) {
   rdma_cm_id* id = s->id;
   s->ring_size = pow2_at_least(s->o.rbuf_size);
   s->sring_size = pow2_at_least(s->o.sbuf_size);
-  s->region_len = (ring_offset(s->o.iomap_size) + s->ring_size + 4095) & ~size_t{4095};
+  s->region_len = (ring_offset(s->o.rq_size, s->o.iomap_size) + s->ring_size + 4095) & ~size_t{4095};
   s->cch = ibv_create_comp_channel(id->verbs);
   if (s->cch) {
     set_nonblock(s->cch->fd);
@@ -584,7 +591,7 @@ int announce_maps(Socket* s, std::unique_lock<std::mutex>& lk, bool nb) {
     }
     IoEntry e{htole64(m.offset), htole64(reinterpret_cast<uintptr_t>(m.buf)), htole32(m.mr->rkey),
               htole32(static_cast<uint32_t>(m.len)), htole64(1)};
-    if (post(s, &e, sizeof e, s->p_addr + kIomapOffset + m.slot * sizeof e, s->p_rkey, 0, true)) return -1;
+    if (post(s, &e, sizeof e, s->p_addr + iomap_offset(s->p_rq) + m.slot * sizeof e, s->p_rkey, 0, true)) return -1;
     m.announced = true;
   }
   return 0;
@@ -625,7 +632,8 @@ ssize_t send_iov(Socket* s, const iovec* iov, int iovcnt, int flags, const socka
         wait_progress(s, lk);
         continue;
       }
-      if (post(s, p, n, s->p_addr + ring_offset(s->p_iomap) + (s->sent & (s->p_ring - 1)), s->p_rkey, n, false)) {
+      const uint64_t at = s->p_addr + ring_offset(s->p_rq, s->p_iomap) + (s->sent & (s->p_ring - 1));
+      if (post(s, p, n, at, s->p_rkey, n, false)) {
         if (total) return static_cast<ssize_t>(total);
         return -1;
       }
@@ -1299,7 +1307,7 @@ SR_EXPORT int riounmap(int fd, void* buf, size_t len) {
     if (it->buf != buf || it->len != len) continue;
     if (it->announced && can_ctrl(s)) {  // the peer's entry cleared (best effort: the peer may hold it)
       static const IoEntry kFree{};
-      post(s, &kFree, sizeof kFree, s->p_addr + kIomapOffset + it->slot * sizeof kFree, s->p_rkey, 0, true);
+      post(s, &kFree, sizeof kFree, s->p_addr + iomap_offset(s->p_rq) + it->slot * sizeof kFree, s->p_rkey, 0, true);
     }
     ibv_dereg_mr(it->mr);
     s->maps.erase(it);

@@ -3,7 +3,8 @@
 # librdmacm.so.1 and libibverbs.so.1 through LD_LIBRARY_PATH, on 127.0.0.1. The client starts once the
 # server listens on its TCP port (softrdma's rdma_listen is a TCP listener on the rdma_cm port). Both must
 # exit 0 within their timeout and the client's output must match PATTERN (grep -E). With PAIR_SERVER_STAYS=1
-# the server is one that never ends by itself (cmtime's): it is killed once the client is done.
+# the server is one that never ends by itself (cmtime's): it is killed once the client is done. With
+# PAIR_UDP=1 the server's port is a UDP one (udpong's datagram rsockets).
 # Usage: pair.sh LIBDIR PORT PATTERN SERVER-COMMAND... -- CLIENT-COMMAND...
 set -u
 . "$(dirname "$0")/../util/listening.sh"
@@ -24,7 +25,7 @@ trap 'rm -rf "$out"' EXIT
 
 timeout "$limit" stdbuf -oL -eL "${server[@]}" >"$out/server" 2>&1 &
 pid=$!
-wait_listening "$port"
+if [ "${PAIR_UDP:-0}" = 1 ]; then wait_bound_udp "$port"; else wait_listening "$port"; fi
 start=$(date +%s.%N)
 timeout "$limit" stdbuf -oL -eL "${client[@]}" >"$out/client" 2>&1
 client_rc=$?

@@ -7,6 +7,8 @@
 #   testnet_cm.sh LIBDIR DROP PORT PATTERN SERVER-COMMAND... -- CLIENT-COMMAND...
 #     DROP: the percentage of packets h2 drops (nftables), 0 for none
 #
+# PAIR_UDP=1: the server's port is a UDP one; PAIR_SERVER_STAYS=1: the server never ends by itself and is
+# killed once the client is done (udpong's).
 # Exits 77 (skip) without root, `ip netns`, nftables (when dropping) or the programs.
 set -euo pipefail
 LIBDIR=$(readlink -f "$1")
@@ -29,12 +31,14 @@ testnet_session cm
 if [[ $DROP != 0 ]]; then "$TESTNET" drop h2 "$DROP"; fi
 "$TESTNET" exec h1 env LD_LIBRARY_PATH="$LIBDIR" ${SOFTRDMA_PRELOAD:+LD_PRELOAD=$SOFTRDMA_PRELOAD} timeout 120 stdbuf -oL -eL "${server[@]}" >"$WORK/server" 2>&1 &
 SERVER_PID=$!
-wait_listening "$PORT" "$TESTNET" exec h1 || true
+if [[ ${PAIR_UDP:-0} == 1 ]]; then wait_bound_udp "$PORT" "$TESTNET" exec h1 || true
+else wait_listening "$PORT" "$TESTNET" exec h1 || true; fi
 client_rc=0
 "$TESTNET" exec h2 env LD_LIBRARY_PATH="$LIBDIR" ${SOFTRDMA_PRELOAD:+LD_PRELOAD=$SOFTRDMA_PRELOAD} timeout 120 stdbuf -oL -eL "${client[@]}" >"$WORK/client" 2>&1 ||
   client_rc=$?
 server_rc=0
-wait "$SERVER_PID" || server_rc=$?
+if [[ ${PAIR_SERVER_STAYS:-0} == 1 ]]; then kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" || true
+else wait "$SERVER_PID" || server_rc=$?; fi
 SERVER_PID=
 echo "==== server (h1, 198.18.0.1, exit $server_rc): ${server[*]}"; tail -n 40 "$WORK/server"
 echo "==== client (h2, 198.18.0.2, exit $client_rc): ${client[*]}"; tail -n 40 "$WORK/client"

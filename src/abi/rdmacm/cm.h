@@ -20,6 +20,7 @@
 #pragma GCC visibility pop
 
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -171,7 +172,13 @@ void disconnect(Id* id);
 // Frees a listener's accepted connections whose REQ has not come yet (the listener goes away).
 void drop_pending(Id* listener);
 
-int64_t now_ns();
+int64_t now_ns();  // CLOCK_MONOTONIC
+
+// errno = err, and -1: how the C API fails.
+inline int fail_errno(int err) {
+  errno = err;
+  return -1;
+}
 
 inline socklen_t addr_len(const sockaddr* a) {
   return a->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);

@@ -13,10 +13,11 @@
 namespace softrdma::engine {
 
 struct ProgressConfig {
-  // Busy-poll this long after the last activity before sleeping. 200 rather than 20: a receiver that
-  // slept between a sender's ACK-clocked batches cost 8-byte ib_write_bw a third of its rate (1.2-1.35
-  // vs 1.65-1.73 M messages/s; latencies unchanged).
-  uint32_t spin_us = 200;
+  // Busy-poll this long after the last activity before sleeping. 200 gave 8-byte ib_write_bw 1.65-1.73 M
+  // messages/s instead of 1.2-1.35 (its receiver slept between the sender's batches), but made rping,
+  // whose threads sleep on completion channels, 3-4 times slower (2000 pings: 1.8-2.7 s instead of 0.63):
+  // on 2 cores, two spinning progress threads keep the woken application threads off the CPU.
+  uint32_t spin_us = 20;
 };
 
 class Progress {

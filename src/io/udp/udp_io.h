@@ -78,6 +78,14 @@ class UdpIo : public Backend {
 
   const wire::Gid& local_addr() const override { return local_addr_; }
   size_t num_ports() const;  // open ones
+
+  // For a backend layered on this one (io/shm): another fd that makes poll_fd() readable (rx_burst ignores
+  // it; the layer acts on it in its own rx_burst). 0 or errno.
+  int add_poll_fd(int fd);
+  void remove_poll_fd(int fd);
+  // Sends an empty datagram from the socket of `src_port` (any open one if that is closed) to `dst`: the
+  // wake-up of a same-host peer that sleeps in epoll (io/shm). rx_burst drops empty datagrams uncounted.
+  void send_doorbell(uint16_t src_port, const wire::Endpoint& dst);
   // Drops with no counter in core/counters.h yet.
   uint64_t tx_dropped() const { return tx_dropped_.load(std::memory_order_relaxed); }
   uint64_t rx_oversize() const { return rx_oversize_.load(std::memory_order_relaxed); }

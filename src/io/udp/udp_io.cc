@@ -481,6 +481,10 @@ uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t no
       ++s.next_msg;
       continue;
     }
+    if (len == 0) {  // an empty datagram is a same-host peer's doorbell (io/shm), not a packet
+      ++s.next_msg;
+      continue;
+    }
     RxPacket& p = out[got];
     p.src = from_sockaddr(s.names[i]);
     p.dst = wire::Endpoint{local_addr_, s.port};
@@ -534,7 +538,7 @@ uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t no
       s.next_off = 0;
     }
     if (seg_len < kMinPacket) {
-      if (len != 0) ++truncated;  // an empty datagram is a same-host peer's doorbell (io/shm), not a packet
+      ++truncated;
       continue;
     }
     uint8_t* data = static_cast<uint8_t*>(s.iov[i].iov_base) + off;

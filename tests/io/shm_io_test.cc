@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -206,13 +207,41 @@ TEST(ShmIo, FullRingDropsAndCountsThenRecovers) {
   std::vector<uint8_t> payload(100, 7);
   std::vector<TxPacket> pkts(20);
   for (uint32_t i = 0; i < pkts.size(); ++i) make_packet(pkts[i], *a, b->ep(), i, payload);
+  const auto t0 = Clock::now();
   a->io->tx_burst(pkts);
+  EXPECT_GE(Clock::now() - t0, std::chrono::nanoseconds(ShmIo::kFullWaitNs)) << "it waited for room first";
   EXPECT_EQ(a->counters.get(Counter::drop_shm_ring_full), 4u);
   EXPECT_EQ(receive(*b, 16).size(), 16u);
   EXPECT_EQ(receive(*b, 1, 10).size(), 0u);  // gives back what the last call handed out
   a->io->tx_burst(std::span(pkts).first(10));
   EXPECT_EQ(receive(*b, 10).size(), 10u);
   EXPECT_EQ(receive(*b, 1, 50).size(), 0u);
+}
+
+// UC and UD have no flow control: a burst larger than the ring gets through to a receiver that reads.
+TEST(ShmIo, FullRingWaitsForAReceiverThatReads) {
+  TempDir dir;
+  auto a = make_side(dir.path, 0, 16), b = make_side(dir.path, 0, 16);
+  ASSERT_TRUE(a && b);
+  std::atomic<bool> running{false}, stop{false};
+  std::atomic<size_t> got{0};
+  std::thread rx([&] {
+    RxPacket pkts[32];
+    running = true;
+    while (!stop) got += b->io->rx_burst(pkts, 32);
+  });
+  while (!running) std::this_thread::yield();
+  std::vector<uint8_t> payload(1000, 5);
+  std::vector<TxPacket> pkts(64);
+  for (uint32_t i = 0; i < pkts.size(); ++i) make_packet(pkts[i], *a, b->ep(), i, payload);
+  a->io->tx_burst(pkts);
+  const auto end = Clock::now() + std::chrono::seconds(2);
+  while (got < pkts.size() - a->counters.get(Counter::drop_shm_ring_full) && Clock::now() < end)
+    std::this_thread::yield();
+  stop = true;
+  rx.join();
+  EXPECT_EQ(got + a->counters.get(Counter::drop_shm_ring_full), pkts.size());
+  EXPECT_GT(got, 16u) << "more than a ring's worth in one burst";
 }
 
 TEST(ShmIo, SleepingReceiverGetsOneDoorbellBusyOneGetsNone) {

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -84,6 +85,7 @@ struct ShmIo::Peer {
   uint32_t index = 0;  // of the claimed ring
   uint32_t epoch = 0;
   Ring ring;
+  std::atomic<uint64_t> stalled_until{0};  // CLOCK_MONOTONIC ns: until then a full ring drops at once
 };
 
 struct ShmIo::PeerSlot {
@@ -403,6 +405,7 @@ void ShmIo::tx_burst(std::span<TxPacket> pkts) {
   uint16_t wake_port[kMaxWake];
   uint32_t n_wake = 0;
   uint64_t sent = 0, bytes = 0, full = 0;
+  int64_t wait_budget = kFullWaitNs;
   Peer* peer = nullptr;
   wire::Endpoint peer_ep;
   bool have_peer = false;
@@ -421,6 +424,7 @@ void ShmIo::tx_burst(std::span<TxPacket> pkts) {
     run = i + 1;
     uint64_t pos;
     Slot* s = peer->ring.claim(&pos);
+    if (s == nullptr) s = claim_waiting(*peer, &pos, p.src.port, &wait_budget);
     if (s == nullptr) {
       ++full;
       continue;
@@ -448,6 +452,33 @@ void ShmIo::tx_burst(std::span<TxPacket> pkts) {
     counters_->add(Counter::tx_bytes, bytes);
   }
   if (full != 0) counters_->add(Counter::drop_shm_ring_full, full);
+}
+
+// The ring is full: wake its receiver if it sleeps, and give it up to *budget (shared by one tx_burst) to make
+// room, as the UDP backend waits for a full socket buffer; then the packet is dropped.
+Slot* ShmIo::claim_waiting(Peer& peer, uint64_t* pos, uint16_t src_port, int64_t* budget) {
+  if (*budget <= 0) return nullptr;
+  timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  const uint64_t now = uint64_t(t0.tv_sec) * 1'000'000'000ull + uint64_t(t0.tv_nsec);
+  if (now < peer.stalled_until.load(std::memory_order_relaxed)) return nullptr;  // a receiver that stopped
+  wake(peer, src_port);
+  for (uint32_t spins = 1;; ++spins) {
+    if (spins < 64)
+      __builtin_ia32_pause();
+    else
+      sched_yield();
+    Slot* s = peer.ring.claim(pos);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const int64_t spent = (t1.tv_sec - t0.tv_sec) * 1'000'000'000 + (t1.tv_nsec - t0.tv_nsec);
+    if (s != nullptr || spent >= *budget) {
+      *budget -= spent;
+      // A whole budget without room: the receiver is not reading (dead, or stopped). Drop at once for a
+      // while, so that a sender to it does not wait at every burst.
+      if (s == nullptr) peer.stalled_until.store(now + kStalledNs, std::memory_order_relaxed);
+      return s;
+    }
+  }
 }
 
 // After publishing: a receiver that said it sleeps gets one doorbell (the first sender to clear the flag).

@@ -13,8 +13,9 @@
 //
 // Rings (shm_ring.h): the port file holds a table of kMaxRings multi-producer single-consumer rings, one per
 // sending context, claimed by the sender on its first packet and given back when it closes (or by another
-// sender, when its owner died). A full ring drops the packet (counted, drop_shm_ring_full): the transport
-// retransmits, as after a loss on the wire; nothing blocks.
+// sender, when its owner died). A full ring makes the sender wait briefly (kFullWaitNs per burst), then drop
+// the packet (counted, drop_shm_ring_full): the transport retransmits, as after a loss on the wire; nothing
+// blocks for longer.
 //
 // Wake-ups: a busy receiver reads its rings in rx_burst with no syscall. A receiver that goes to sleep in
 // epoll first sets `sleeping` in its port files (arm_wakeup); a sender that finds it set clears it and sends
@@ -51,6 +52,12 @@ class ShmIo : public Backend {
   static constexpr uint64_t kRecheckNs = 200'000'000;
   static constexpr uint32_t kMaxOwnPorts = 256;  // published ports per context (more go over UDP only)
   static constexpr uint32_t kPeerSlots = 1024;   // destinations a context remembers (more go over UDP)
+  // How long one tx_burst waits in all for room in full rings before it drops (a receiver drains a ring of
+  // 2048 packets of 4 KiB in about a millisecond; the UDP backend waits up to 20 ms for a full socket).
+  // UC and UD have no flow control: perftest's UC/UD SEND tests need such bursts to arrive. A ring that
+  // gets no room for a whole wait drops at once for kStalledNs.
+  static constexpr int64_t kFullWaitNs = 10'000'000;
+  static constexpr uint64_t kStalledNs = 100'000'000;
 
   struct Config {
     std::string dir = "/dev/shm";
@@ -104,6 +111,7 @@ class ShmIo : public Backend {
   bool still_valid(const Peer& p) const;
   void give_back(Peer& p);
   void wake(Peer& p, uint16_t src_port);
+  shm::Slot* claim_waiting(Peer& p, uint64_t* pos, uint16_t src_port, int64_t* budget);
 
   std::unique_ptr<UdpIo> udp_;
   Counters own_counters_;

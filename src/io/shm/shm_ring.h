@@ -27,7 +27,7 @@ inline constexpr uint32_t kMaxRings = 32;      // sending contexts per receiving
 inline constexpr uint32_t kSlotHeader = 64;
 inline constexpr uint32_t kSlotData = 4224;    // BTH .. pad of the largest packet: 64 B headers + 4096 + pad
 inline constexpr uint32_t kSlotBytes = kSlotHeader + kSlotData;
-inline constexpr uint32_t kDefaultSlots = 1024;  // per ring: 4.2 MiB, allocated when a sender claims it
+inline constexpr uint32_t kDefaultSlots = 2048;  // per ring: 8.4 MiB, allocated when a sender claims it
 static_assert(kSlotData >= kMaxHdr + 4096 + 3);
 static_assert(kSlotBytes % 64 == 0);
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);

@@ -238,6 +238,9 @@ int ShmIo::publish(OwnPort& o) {
   o.map = static_cast<uint8_t*>(map);
   o.map_len = len;
   o.hdr = h;
+  // Ring i is always at the same place: the views are made once (arm_wakeup reads them from another thread).
+  for (uint32_t i = 0; i < shm::kMaxRings; ++i)
+    o.rx[i].ring = Ring(o.map + h->rings_offset + size_t{i} * h->ring_stride, h->nslots);
   o.seen_gen.store(~0ull, std::memory_order_relaxed);
   return 0;
 }
@@ -273,7 +276,6 @@ void ShmIo::scan_entries(OwnPort& o, uint64_t gen) {
     if (st == RingEntry::kReady) {
       const uint32_t epoch = e.epoch.load(std::memory_order_acquire);
       if (!active || r.epoch != epoch) {
-        r.ring = Ring(o.map + o.hdr->rings_offset + size_t{i} * o.hdr->ring_stride, o.hdr->nslots);
         r.epoch = epoch;
         r.head.store(0, std::memory_order_relaxed);
         r.released = 0;

@@ -40,6 +40,11 @@ uint32_t hash_endpoint(const wire::Endpoint& ep) {
   return static_cast<uint32_t>(h ^ (h >> 32));
 }
 
+// Maps a ring's pages in one call (Linux 5.14+; older kernels fault them in one by one as they are used): a
+// ring of 2048 slots otherwise costs 2048 page faults on each side when first used, about 5 ms that
+// showed in short transfers (ib_write_bw -n 32 at 1 MiB: 2.3 GB/s with them, 3.5 over UDP).
+void populate(uint8_t* addr, size_t len) { (void)madvise(addr, len, MADV_POPULATE_WRITE); }
+
 bool valid_slots(uint32_t n) { return n >= 2 && n <= (1u << 20) && (n & (n - 1)) == 0; }
 
 // A header of a port file, checked before anything else in it is believed.
@@ -276,6 +281,7 @@ void ShmIo::scan_entries(OwnPort& o, uint64_t gen) {
     if (st == RingEntry::kReady) {
       const uint32_t epoch = e.epoch.load(std::memory_order_acquire);
       if (!active || r.epoch != epoch) {
+        if (!active) populate(o.map + o.hdr->rings_offset + size_t{i} * o.hdr->ring_stride, o.hdr->ring_stride);
         r.epoch = epoch;
         r.head.store(0, std::memory_order_relaxed);
         r.released = 0;
@@ -616,6 +622,7 @@ ShmIo::Peer* ShmIo::open_peer(const wire::Endpoint& dst) {
   peer->hdr = h;
   peer->index = index;
   peer->ring = Ring(peer->map + off, h->nslots);
+  populate(peer->map + off, h->ring_stride);
   peer->ring.init();
   e.owner_pid = pid_;
   e.owner_start_time = start_time_;
@@ -626,6 +633,7 @@ ShmIo::Peer* ShmIo::open_peer(const wire::Endpoint& dst) {
   h->gen.fetch_add(1, std::memory_order_acq_rel);
   close(fd);  // the mapping keeps the file
   all_peers_.emplace_back(peer);
+  wake(*peer, 0);  // a sleeping receiver maps the new ring now, before the first packet comes
   return peer;
 }
 

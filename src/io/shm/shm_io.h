@@ -87,6 +87,7 @@ class ShmIo : public Backend {
   int poll_fd() const override { return udp_->poll_fd(); }
   const wire::Gid& local_addr() const override { return udp_->local_addr(); }
   bool arm_wakeup() override;
+  void prepare_peer(const wire::Endpoint& dst) override { reaches(dst); }
 
   UdpIo* udp() const { return udp_.get(); }
   // The file that publishes `ep` in this context's namespace.

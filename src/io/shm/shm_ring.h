@@ -162,6 +162,7 @@ inline void fill_slot(Slot* s, const TxPacket& p, uint32_t len, const wire::Gid&
   std::memcpy(d, p.hdr, p.hdr_len);
   d += p.hdr_len;
   for (uint32_t k = 0; k < p.n_iov; ++k) {
+    if (p.iov[k].iov_len == 0) continue;  // its base may be null
     std::memcpy(d, p.iov[k].iov_base, p.iov[k].iov_len);
     d += p.iov[k].iov_len;
   }

@@ -131,6 +131,7 @@ void Progress::run() {
       const bool pending = ctx_->backend()->arm_wakeup();
       epoll_event evs[4];
       const int n = epoll_wait(epfd_, evs, 4, pending ? 0 : kAppDriveSleepMs);
+      ctx_->backend()->woke();
       sleeping_.store(false, std::memory_order_release);
       bool packets = pending;
       for (int i = 0; i < n; ++i) {
@@ -177,6 +178,7 @@ void Progress::run() {
     if (ctx_->backend()->arm_wakeup()) timeout_ms = 0;  // something came before the doorbell was asked for
     epoll_event evs[4];
     const int n = epoll_wait(epfd_, evs, 4, timeout_ms);
+    ctx_->backend()->woke();
     sleeping_.store(false, std::memory_order_release);
     for (int i = 0; i < n; ++i)
       if (evs[i].data.u32 == 1) drain_wake_fd();

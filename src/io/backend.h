@@ -25,6 +25,8 @@ class Backend : public TxSink {
   // busy receiver (io/shm) asks them for one from now on. Returns true if something may have arrived
   // before that (then do not sleep: call rx_burst). Thread-safe beside rx_burst.
   virtual bool arm_wakeup() { return false; }
+  // Called by that receiver when it wakes up.
+  virtual void woke() {}
   // A connected QP names its peer (control path): a backend may get ready to reach it now rather than at
   // the first packet (io/shm maps and claims its ring, which takes milliseconds).
   virtual void prepare_peer(const wire::Endpoint& /*dst*/) {}

@@ -373,22 +373,27 @@ uint32_t ShmIo::rx_burst(RxPacket* out, uint32_t max) {
   uint32_t got = 0;
   uint64_t now = 0;
   if (faults_) got = faults_->begin_burst_now(out, max, &now);  // held packets that are due go first
-  if (rings_first_) {
-    got += rx_rings(out + got, max - got, now);
-    got += udp_->rx_burst(out + got, max - got);
-  } else {
-    got += udp_->rx_burst(out + got, max - got);
-    got += rx_rings(out + got, max - got, now);
-  }
-  rings_first_ = !rings_first_;
+  got += udp_->rx_burst(out + got, max - got);
+  // A doorbell read by a thread other than the sleeper (an application thread polling its CQ) leaves the
+  // sleeper asleep: its edge-triggered epoll drops the wake-up of a socket already read. Ask the senders for
+  // the next one again (an extra doorbell at worst), then read the rings: whatever was published before
+  // the flag is seen here, whatever after rings.
+  if (udp_->take_doorbells() != 0 && armed_.load(std::memory_order_relaxed)) set_sleeping();
+  got += rx_rings(out + got, max - got, now);
   if (faults_) faults_->end_burst(now);
   return got;
 }
 
-bool ShmIo::arm_wakeup() {
+void ShmIo::set_sleeping() {
   const uint32_t n = n_own_.load(std::memory_order_acquire);
   for (uint32_t k = 0; k < n; ++k)
     if (own_[k].open.load(std::memory_order_acquire)) own_[k].hdr->sleeping.store(1, std::memory_order_seq_cst);
+}
+
+bool ShmIo::arm_wakeup() {
+  armed_.store(true, std::memory_order_relaxed);
+  set_sleeping();
+  const uint32_t n = n_own_.load(std::memory_order_acquire);
   // A sender that published before it could see the flag rang no doorbell: look for its packet.
   for (uint32_t k = 0; k < n; ++k) {
     OwnPort& o = own_[k];
@@ -499,6 +504,19 @@ void ShmIo::wake(Peer& p, uint16_t src_port) {
 }
 
 bool ShmIo::reaches(const wire::Endpoint& dst) { return lookup(dst, coarse_now_ns()) != nullptr; }
+
+void ShmIo::prepare_peer(const wire::Endpoint& dst) {
+  const uint32_t h = hash_endpoint(dst);
+  for (uint32_t probe = 0; probe < kPeerSlots; ++probe) {
+    PeerSlot& s = peers_[(h + probe) % kPeerSlots];
+    if (!s.used.load(std::memory_order_acquire)) break;
+    if (s.key == dst) {
+      s.check_at.store(0, std::memory_order_relaxed);  // the lookup below checks the file again
+      break;
+    }
+  }
+  lookup(dst, coarse_now_ns());
+}
 
 ShmIo::Peer* ShmIo::lookup(const wire::Endpoint& dst, uint64_t now) {
   const uint32_t h = hash_endpoint(dst);

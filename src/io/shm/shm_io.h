@@ -82,12 +82,15 @@ class ShmIo : public Backend {
   void close_port(uint16_t port) override;
   // Packets to a published port of this host go into its ring, the others to UDP (in order per destination).
   void tx_burst(std::span<TxPacket> pkts) override;
-  // Ring packets and UDP packets, alternating which come first. They stay valid until the next call.
+  // UDP packets, then ring packets (a doorbell read here means its packet is in the ring: it is read in the
+  // same call). They stay valid until the next call.
   uint32_t rx_burst(RxPacket* out, uint32_t max) override;
   int poll_fd() const override { return udp_->poll_fd(); }
   const wire::Gid& local_addr() const override { return udp_->local_addr(); }
   bool arm_wakeup() override;
-  void prepare_peer(const wire::Endpoint& dst) override { reaches(dst); }
+  void woke() override { armed_.store(false, std::memory_order_relaxed); }
+  // Also looks again at a peer it knows: a restarted process may have the port of a dead one.
+  void prepare_peer(const wire::Endpoint& dst) override;
 
   UdpIo* udp() const { return udp_.get(); }
   // The file that publishes `ep` in this context's namespace.
@@ -127,7 +130,8 @@ class ShmIo : public Backend {
   // Receiving: published ports, filled in order (slots never reused), read without a lock.
   std::unique_ptr<OwnPort[]> own_;
   std::atomic<uint32_t> n_own_{0};
-  bool rings_first_ = true;
+  std::atomic<bool> armed_{false};  // the receiver sleeps (between arm_wakeup and woke)
+  void set_sleeping();
 
   // Sending: destinations by hash (open addressing; entries never removed), and every Peer ever made
   // (a replaced one stays mapped until the end: another thread may still be writing into it).

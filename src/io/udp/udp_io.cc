@@ -482,6 +482,7 @@ uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t no
       continue;
     }
     if (len == 0) {  // an empty datagram is a same-host peer's doorbell (io/shm), not a packet
+      ++doorbells_;
       ++s.next_msg;
       continue;
     }

@@ -86,6 +86,12 @@ class UdpIo : public Backend {
   // Sends an empty datagram from the socket of `src_port` (any open one if that is closed) to `dst`: the
   // wake-up of a same-host peer that sleeps in epoll (io/shm). rx_burst drops empty datagrams uncounted.
   void send_doorbell(uint16_t src_port, const wire::Endpoint& dst);
+  // How many doorbells rx_burst dropped since the last call (rx_burst's caller only).
+  uint32_t take_doorbells() {
+    const uint32_t n = doorbells_;
+    doorbells_ = 0;
+    return n;
+  }
   // Drops with no counter in core/counters.h yet.
   uint64_t tx_dropped() const { return tx_dropped_.load(std::memory_order_relaxed); }
   uint64_t rx_oversize() const { return rx_oversize_.load(std::memory_order_relaxed); }
@@ -117,6 +123,7 @@ class UdpIo : public Backend {
   std::mutex ctl_mu_;  // open_port / close_port
   std::vector<std::unique_ptr<Socket>> owned_;
   size_t rx_rr_ = 0;  // round-robin start for rx_burst
+  uint32_t doorbells_ = 0;  // empty datagrams rx_burst dropped (take_doorbells)
 
   std::atomic<uint64_t> tx_dropped_{0};
   std::atomic<uint64_t> rx_oversize_{0};

@@ -847,7 +847,7 @@ def table(cases, meta, tgts):
         w("")
     w("targets (issue 6): ratio = softrdma / peer, of medians from this run")
     if not any(c.variant == "socket" for c in cases):
-        w("  (socket path = softrdma's default here: no --socket-env was given to turn a same-host path off)")
+        w("  (socket path = softrdma's default here: --socket-env none kept the same-host path on for them)")
     for t in tgts:
         status = "MET" if t["met"] else ("missed" if t["met"] is not None else "n/a")
         if t["ratio"] is None:
@@ -950,14 +950,17 @@ def main():
                     "expression, chosen from all cases; with --quick they get --quick's short runs")
     ap.add_argument("--build", default=os.path.join(REPO, "build"), help="the build directory (default build/)")
     ap.add_argument("--out", default=None, help="where the outputs go (default BUILD/bench)")
-    ap.add_argument("--socket-env", action="append", default=[], metavar="VAR=VALUE",
-                    help="environment that turns softrdma's same-host path off: the socket-path target cases "
-                         "run again with it (variant 'socket')")
+    ap.add_argument("--socket-env", action="append", default=None, metavar="VAR=VALUE",
+                    help="environment that turns softrdma's same-host path off (default SOFTRDMA_SHM=0): the "
+                         "socket-path target cases run again with it (variant 'socket'); 'none': they do not")
     ap.add_argument("--no-syscalls", action="store_true", help="skip the syscall-counting pass")
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--port-base", type=int, default=23000)
     ap.add_argument("--list", action="store_true", help="print the case ids and exit")
     args = ap.parse_args()
+    if args.socket_env is None:
+        args.socket_env = ["SOFTRDMA_SHM=0"]  # the setting of softrdma's same-host path (src/io/shm)
+    args.socket_env = [kv for kv in args.socket_env if kv != "none"]
     runs = args.runs or (1 if args.quick else 3)
     build = os.path.abspath(args.build)
     out = os.path.abspath(args.out or os.path.join(build, "bench"))

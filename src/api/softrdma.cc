@@ -5,6 +5,7 @@
 #include "engine/progress.h"
 #include "io/netif.h"
 #include "io/stats_shm.h"
+#include "io/shm/shm_io.h"
 #include "io/udp/udp_io.h"
 
 namespace softrdma {
@@ -34,7 +35,7 @@ struct Context::Impl {
   wire::Gid gid;
   std::unique_ptr<io::StatsRegion> stats;
   Counters own_counters;
-  std::unique_ptr<io::UdpIo> udp;
+  std::unique_ptr<io::Backend> backend;  // UdpIo, or ShmIo over it (the same-host path)
   std::unique_ptr<core::Context> ctx;
   std::unique_ptr<engine::Progress> progress;
 };
@@ -66,12 +67,24 @@ Result<std::unique_ptr<Context>> Context::open(std::string_view name, const Open
   }
   auto udp = io::UdpIo::create(impl->gid, counters);
   if (!udp) return std::unexpected(udp.error());
-  impl->udp = std::move(*udp);
+  if (io::ShmIo::enabled_by_env()) {
+    // Without it (no /dev/shm, say) the context works over UDP alone.
+    auto shm = io::ShmIo::create(std::move(*udp), counters);
+    if (shm) {
+      impl->backend = std::move(*shm);
+    } else if (shm.error() == EINVAL) {
+      return std::unexpected(EINVAL);  // a malformed SOFTRDMA_FAULTS, said on stderr
+    } else {
+      udp = io::UdpIo::create(impl->gid, counters);
+      if (!udp) return std::unexpected(udp.error());
+    }
+  }
+  if (!impl->backend) impl->backend = std::move(*udp);
   core::ContextConfig cfg;
   cfg.device_name = dev->name;
   cfg.active_mtu = dev->active_mtu_bytes;
   cfg.standard_port = opt.standard_port;
-  impl->ctx = std::make_unique<core::Context>(impl->udp.get(), counters, cfg);
+  impl->ctx = std::make_unique<core::Context>(impl->backend.get(), counters, cfg);
   impl->progress = std::make_unique<engine::Progress>(impl->ctx.get());
   if (int err = impl->progress->start()) return std::unexpected(err);
   return std::unique_ptr<Context>(new Context(std::move(impl)));

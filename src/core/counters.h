@@ -46,7 +46,11 @@ namespace softrdma {
   X(fault_corrupt, "fault injection: a bit flipped (then dropped by the ICRC check)")   \
   X(fault_duplicate, "fault injection: delivered twice")                                \
   X(fault_reorder, "fault injection: swapped with the next packet")                     \
-  X(fault_delay, "fault injection: held back for the set delay")
+  X(fault_delay, "fault injection: held back for the set delay")                         \
+  X(tx_shm_packets, "packets sent through shared memory (same host; also in tx_packets)") \
+  X(rx_shm_packets, "packets received through shared memory (also in rx_packets)")    \
+  X(drop_shm_ring_full, "dropped: the peer's shared-memory ring was full")             \
+  X(shm_doorbells, "wake-ups sent to a sleeping same-host peer")
 
 enum class Counter : uint32_t {
 #define SOFTRDMA_X(name, desc) name,

@@ -127,10 +127,13 @@ void Progress::run() {
     core::Nanos now = ctx_->now();
     if (ctx_->app_driving(now, kAppDriveWindow)) {
       sleeping_.store(true, std::memory_order_release);
+      // A backend whose packets need no syscall (io/shm) rings this thread's epoll only when asked to.
+      const bool pending = ctx_->backend()->arm_wakeup();
       epoll_event evs[4];
-      const int n = epoll_wait(epfd_, evs, 4, kAppDriveSleepMs);
+      const int n = epoll_wait(epfd_, evs, 4, pending ? 0 : kAppDriveSleepMs);
+      ctx_->backend()->woke();
       sleeping_.store(false, std::memory_order_release);
-      bool packets = false;
+      bool packets = pending;
       for (int i = 0; i < n; ++i) {
         if (evs[i].data.u32 == 1) drain_wake_fd();
         if (evs[i].data.u32 == 2) packets = true;
@@ -172,8 +175,10 @@ void Progress::run() {
       now = ctx_->now();
       timeout_ms = next_deadline <= now ? 0 : static_cast<int>((next_deadline - now + 999'999) / 1'000'000);
     }
+    if (ctx_->backend()->arm_wakeup()) timeout_ms = 0;  // something came before the doorbell was asked for
     epoll_event evs[4];
     const int n = epoll_wait(epfd_, evs, 4, timeout_ms);
+    ctx_->backend()->woke();
     sleeping_.store(false, std::memory_order_release);
     for (int i = 0; i < n; ++i)
       if (evs[i].data.u32 == 1) drain_wake_fd();

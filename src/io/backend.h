@@ -21,6 +21,15 @@ class Backend : public TxSink {
   // A file descriptor that is readable when rx_burst has something (-1 for backends polled by hand).
   virtual int poll_fd() const = 0;
   virtual const wire::Gid& local_addr() const = 0;
+  // Called by a receiver that is about to sleep on poll_fd(): a backend whose senders skip the wake-up of a
+  // busy receiver (io/shm) asks them for one from now on. Returns true if something may have arrived
+  // before that (then do not sleep: call rx_burst). Thread-safe beside rx_burst.
+  virtual bool arm_wakeup() { return false; }
+  // Called by that receiver when it wakes up.
+  virtual void woke() {}
+  // A connected QP names its peer (control path): a backend may get ready to reach it now rather than at
+  // the first packet (io/shm maps and claims its ring, which takes milliseconds).
+  virtual void prepare_peer(const wire::Endpoint& /*dst*/) {}
 };
 
 }  // namespace softrdma::io

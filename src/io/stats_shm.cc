@@ -15,6 +15,8 @@
 #include <new>
 #include <optional>
 
+#include "io/proc.h"
+
 namespace softrdma::io {
 namespace {
 
@@ -69,32 +71,6 @@ std::vector<std::string> context_files(std::string_view dev) {
   closedir(d);
   std::sort(out.begin(), out.end());
   return out;
-}
-
-uint64_t proc_start_time(int pid) {
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
-  FILE* f = std::fopen(path, "re");
-  if (f == nullptr) return 0;
-  char buf[1024];
-  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-  std::fclose(f);
-  buf[n] = '\0';
-  const char* p = std::strrchr(buf, ')');
-  if (p == nullptr) return 0;
-  // Field 3 (state) follows ") "; starttime is field 22.
-  for (int field = 2; field < 22 && p != nullptr; ++field) {
-    p = std::strchr(p + 1, ' ');
-  }
-  return p != nullptr ? std::strtoull(p + 1, nullptr, 10) : 0;
-}
-
-bool process_alive(int pid, uint64_t start_time) {
-  if (pid <= 0) return false;
-  if (kill(pid, 0) != 0 && errno != EPERM) return false;
-  // The pid exists; it is the writer unless it was reused (then its start time differs).
-  const uint64_t now = proc_start_time(pid);
-  return start_time == 0 || now == 0 || now == start_time;
 }
 
 // A mapped stats file.

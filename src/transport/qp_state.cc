@@ -126,7 +126,10 @@ int Transport::modify(Qp& qp, const QpAttr& a, uint32_t mask) {
   if (mask & kQpMaxDestRdAtomic) cur.max_dest_rd_atomic = round_up_pow2(a.max_dest_rd_atomic);
   if (mask & kQpDestQpn) cur.dest_qp_num = a.dest_qp_num & wire::kQpnMask;
   if (mask & kQpEnSqdAsyncNotify) cur.en_sqd_async_notify = a.en_sqd_async_notify;
-  if (mask & (kQpAv | kQpDestQpn)) qp.peer_ = qp.ctx()->peer_endpoint(cur.ah_attr.dgid, cur.dest_qp_num);
+  if (mask & (kQpAv | kQpDestQpn)) {
+    qp.peer_ = qp.ctx()->peer_endpoint(cur.ah_attr.dgid, cur.dest_qp_num);
+    if (qp.type() != QpType::kUd && !cur.ah_attr.dgid.is_zero()) qp.ctx()->backend()->prepare_peer(qp.peer_);
+  }
 
   if (!(mask & kQpState)) return 0;
   switch (to) {

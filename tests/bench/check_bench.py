@@ -49,7 +49,7 @@ for c in cases:
     if c["tool"] == "softrdma" and fig:
         for m in ("cpu_server_us", "cpu_client_us", "packets_per_op"):
             check(c["summary"].get(m, {}).get("median", 0) > 0, f"{c['id']}: no {m}")
-        check(c["id"].split("/")[1] in table, f"{c['id']} not in the table")
+        check(c["test"] in table, f"{c['id']} not in the table")
     if c["kind"] == "lat":
         check(c["latency_convention"] in ("half", "full"), f"{c['id']}: latency not labelled half/full")
 

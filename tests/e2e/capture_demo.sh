@@ -15,6 +15,7 @@ set -euo pipefail
 # checks their ICRCs against the kernel's split). On lo a capture sees the unsplit message, so capture
 # with GSO off, as README says to: one RoCEv2 packet per frame.
 export SOFTRDMA_GSO=0
+export SOFTRDMA_SHM=0  # a capture on lo sees only packets that take the socket path
 DEMO=$1
 CHECK=$2
 WORK=${3:-}

@@ -5,11 +5,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
+
+#include "wire/headers.h"
 
 namespace softrdma::io {
 namespace {
@@ -200,14 +203,45 @@ uint32_t RxFaults::begin_burst(RxPacket* out, uint32_t max, uint64_t now) {
   return n;
 }
 
-void RxFaults::maybe_corrupt(uint8_t* data, uint32_t len) {
+std::expected<std::unique_ptr<RxFaults>, int> RxFaults::from_env(Counters* counters) {
+  const char* text = getenv(kFaultsEnv);
+  if (text == nullptr || *text == '\0') return nullptr;
+  auto cfg = parse_faults(text);
+  if (!cfg) {
+    std::fprintf(stderr, "softrdma: %s=\"%s\": %s; the device does not open (EINVAL)\n", kFaultsEnv, text,
+                 cfg.error().c_str());
+    return std::unexpected(EINVAL);
+  }
+  if (!cfg->any()) return nullptr;
+  static std::atomic<uint64_t> streams{0};
+  const uint64_t stream = streams.fetch_add(1, std::memory_order_relaxed);
+  auto f = create(*cfg, stream, counters);
+  if (f && stream == 0)
+    std::fprintf(stderr, "softrdma: fault injection on receive (%s): %s\n", kFaultsEnv, cfg->to_string().c_str());
+  return f;
+}
+
+uint32_t RxFaults::begin_burst_now(RxPacket* out, uint32_t max, uint64_t* now) {
+  *now = now_ns();
+  const uint32_t got = begin_burst(out, max, *now);
+  if (got != 0) {
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < got; ++i) bytes += out[i].len + wire::kIcrcLen;
+    counters_->add(Counter::rx_packets, got);
+    counters_->add(Counter::rx_bytes, bytes);
+  }
+  return got;
+}
+
+bool RxFaults::maybe_corrupt(uint8_t* data, uint32_t len) {
   // Any bit the ICRC covers: all but BTH byte 4 (FECN, BECN, resv6), which it masks (IBTA 14.6.5.2).
   constexpr uint32_t kMaskedByte = 4;
-  if (len <= kMaskedByte + 1 || !draw(cfg_.corrupt)) return;
+  if (len <= kMaskedByte + 1 || !draw(cfg_.corrupt)) return false;
   uint64_t bit = static_cast<uint64_t>(uniform() * (len - 1) * 8) % (uint64_t{len - 1} * 8);
   if ((bit >> 3) >= kMaskedByte) bit += 8;
   data[bit >> 3] ^= static_cast<uint8_t>(1u << (bit & 7));
   counters_->add(Counter::fault_corrupt);
+  return true;
 }
 
 RxFaults::Verdict RxFaults::on_packet(const RxPacket& p, uint64_t now) {

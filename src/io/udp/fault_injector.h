@@ -12,8 +12,9 @@
 //   reorder  holds the packet until the next one has been delivered, so the two swap; if none comes within
 //            kReorderMaxHoldNs it is released anyway (fault_reorder)
 //   dup      delivers the packet and then a copy of it (fault_duplicate)
-// Rates are probabilities in [0, 1]; seed (default 1) makes a run repeatable: the n-th context a process
-// opens draws from seed + n. Held packets are copies in a hold queue allocated once (kHoldSlots packets);
+// The same-host path (io/shm) applies them too, to the packets its rings carry, with an injector of its own.
+// Rates are probabilities in [0, 1]; seed (default 1) makes a run repeatable: the n-th injector a process
+// creates (one per UdpIo, one more per ShmIo) draws from seed + n. Held packets are copies in a hold queue allocated once (kHoldSlots packets);
 // when it is full a packet is delivered unharmed instead of held. Held packets are released by rx_burst
 // itself (no thread): a timerfd in the backend's epoll set makes poll_fd() readable when one is due.
 //
@@ -56,6 +57,9 @@ class RxFaults {
   // Allocates the hold queue and the timerfd; an errno on failure.
   static std::expected<std::unique_ptr<RxFaults>, int> create(const FaultConfig& cfg, uint64_t stream,
                                                               Counters* counters);
+  // From SOFTRDMA_FAULTS: null when it is unset or asks for no faults; EINVAL (after a message on stderr)
+  // when it is malformed. Every injector of the process draws from its own stream (seed + n).
+  static std::expected<std::unique_ptr<RxFaults>, int> from_env(Counters* counters);
   ~RxFaults();
   RxFaults(const RxFaults&) = delete;
   RxFaults& operator=(const RxFaults&) = delete;
@@ -67,8 +71,10 @@ class RxFaults {
   // Start of rx_burst: frees what the previous call handed out, then emits the held packets that are due
   // into out[0, max) (oldest first). Returns how many.
   uint32_t begin_burst(RxPacket* out, uint32_t max, uint64_t now);
-  // Before the ICRC check of a datagram of `len` bytes (ICRC included): may flip a bit.
-  void maybe_corrupt(uint8_t* data, uint32_t len);
+  // begin_burst at the current time (returned in *now), counting what it emits as received.
+  uint32_t begin_burst_now(RxPacket* out, uint32_t max, uint64_t* now);
+  // Before the ICRC check of a datagram of `len` bytes (ICRC included): may flip a bit; says whether it did.
+  bool maybe_corrupt(uint8_t* data, uint32_t len);
   // After the ICRC check. kDeliver: the caller delivers `p`, then calls after_deliver. kDrop/kHeld: it
   // does not deliver `p` (kHeld: a copy is in the hold queue).
   enum class Verdict { kDeliver, kDrop, kHeld };

@@ -138,28 +138,37 @@ std::expected<std::unique_ptr<UdpIo>, int> UdpIo::create(const wire::Gid& local_
   io->epfd_ = epoll_create1(EPOLL_CLOEXEC);
   if (io->epfd_ < 0) return std::unexpected(errno);
   if (const char* g = getenv("SOFTRDMA_GSO"); g != nullptr) io->gso_ = std::strcmp(g, "0") != 0;
-  if (const char* text = getenv(kFaultsEnv); text != nullptr && *text != '\0') {
-    auto cfg = parse_faults(text);
-    if (!cfg) {
-      std::fprintf(stderr, "softrdma: %s=\"%s\": %s; the device does not open (EINVAL)\n", kFaultsEnv, text,
-                   cfg.error().c_str());
-      return std::unexpected(EINVAL);
-    }
-    if (cfg->any()) {
-      static std::atomic<uint64_t> streams{0};
-      const uint64_t stream = streams.fetch_add(1, std::memory_order_relaxed);
-      auto f = RxFaults::create(*cfg, stream, io->counters_);
-      if (!f) return std::unexpected(f.error());
-      io->faults_ = std::move(*f);
-      epoll_event ev{};
-      ev.events = EPOLLIN;
-      ev.data.ptr = nullptr;  // not a socket: rx_burst releases held packets
-      if (epoll_ctl(io->epfd_, EPOLL_CTL_ADD, io->faults_->timer_fd(), &ev) != 0) return std::unexpected(errno);
-      if (stream == 0)
-        std::fprintf(stderr, "softrdma: fault injection on receive (%s): %s\n", kFaultsEnv, cfg->to_string().c_str());
-    }
+  auto faults = RxFaults::from_env(io->counters_);
+  if (!faults) return std::unexpected(faults.error());
+  io->faults_ = std::move(*faults);
+  if (io->faults_) {
+    if (int err = io->add_poll_fd(io->faults_->timer_fd())) return std::unexpected(err);
   }
   return io;
+}
+
+int UdpIo::add_poll_fd(int fd) {
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = nullptr;  // not a socket: rx_burst skips it (its owner acts in its own rx_burst)
+  return epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) != 0 ? errno : 0;
+}
+
+void UdpIo::remove_poll_fd(int fd) { epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr); }
+
+void UdpIo::send_doorbell(uint16_t src_port, const wire::Endpoint& dst) {
+  Socket* s = find_socket(src_port);
+  if (s == nullptr) {
+    const uint32_t n = nslots_.load(std::memory_order_acquire);
+    for (uint32_t i = 0; i < n && s == nullptr; ++i) s = slots_[i].load(std::memory_order_acquire);
+    if (s == nullptr) return;
+  }
+  SockAddr to;
+  const socklen_t len = to_sockaddr(dst, v4_, scope_id_, &to);
+  ssize_t r;
+  do {
+    r = sendto(s->fd, kZeros, 0, MSG_DONTWAIT, &to.sa, len);
+  } while (r < 0 && errno == EINTR);
 }
 
 std::expected<uint16_t, int> UdpIo::open_port(uint16_t port) {
@@ -420,16 +429,7 @@ uint32_t UdpIo::rx_burst(RxPacket* out, uint32_t max) {
   if (max == 0) return 0;
   uint32_t got = 0;
   uint64_t now = 0;
-  if (faults_) {  // held packets that are due go first
-    now = RxFaults::now_ns();
-    got = faults_->begin_burst(out, max, now);
-    if (got != 0) {
-      uint64_t bytes = 0;
-      for (uint32_t i = 0; i < got; ++i) bytes += out[i].len + wire::kIcrcLen;
-      counters_->add(Counter::rx_packets, got);
-      counters_->add(Counter::rx_bytes, bytes);
-    }
-  }
+  if (faults_) got = faults_->begin_burst_now(out, max, &now);  // held packets that are due go first
   const size_t n = nslots_.load(std::memory_order_acquire);
   if (n != 0 && n <= kDirectRecvMaxSockets) {
     for (size_t k = 0; k < n && got < max; ++k) {
@@ -478,6 +478,11 @@ uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t no
     const uint32_t len = s.msgs[i].msg_len;  // the datagram's real size (MSG_TRUNC)
     if ((h.msg_flags & MSG_TRUNC) != 0 || len > kRxBufSize) {
       ++oversize;
+      ++s.next_msg;
+      continue;
+    }
+    if (len == 0) {  // an empty datagram is a same-host peer's doorbell (io/shm), not a packet
+      ++doorbells_;
       ++s.next_msg;
       continue;
     }

@@ -78,6 +78,20 @@ class UdpIo : public Backend {
 
   const wire::Gid& local_addr() const override { return local_addr_; }
   size_t num_ports() const;  // open ones
+
+  // For a backend layered on this one (io/shm): another fd that makes poll_fd() readable (rx_burst ignores
+  // it; the layer acts on it in its own rx_burst). 0 or errno.
+  int add_poll_fd(int fd);
+  void remove_poll_fd(int fd);
+  // Sends an empty datagram from the socket of `src_port` (any open one if that is closed) to `dst`: the
+  // wake-up of a same-host peer that sleeps in epoll (io/shm). rx_burst drops empty datagrams uncounted.
+  void send_doorbell(uint16_t src_port, const wire::Endpoint& dst);
+  // How many doorbells rx_burst dropped since the last call (rx_burst's caller only).
+  uint32_t take_doorbells() {
+    const uint32_t n = doorbells_;
+    doorbells_ = 0;
+    return n;
+  }
   // Drops with no counter in core/counters.h yet.
   uint64_t tx_dropped() const { return tx_dropped_.load(std::memory_order_relaxed); }
   uint64_t rx_oversize() const { return rx_oversize_.load(std::memory_order_relaxed); }
@@ -109,6 +123,7 @@ class UdpIo : public Backend {
   std::mutex ctl_mu_;  // open_port / close_port
   std::vector<std::unique_ptr<Socket>> owned_;
   size_t rx_rr_ = 0;  // round-robin start for rx_burst
+  uint32_t doorbells_ = 0;  // empty datagrams rx_burst dropped (take_doorbells)
 
   std::atomic<uint64_t> tx_dropped_{0};
   std::atomic<uint64_t> rx_oversize_{0};

@@ -1,0 +1,143 @@
+// The same-host path (ARCHITECTURE.md "Performance plan"): a backend layered on the UDP one that carries the
+// packets between two softrdma contexts of one host (and one network namespace) through shared memory
+// instead of the kernel. The transport above is unchanged: the same RoCEv2 packets, PSNs, ACKs and
+// retransmissions, only their way between the processes differs; everything else goes over UDP.
+//
+// Discovery: each port a context opens is published as a file in /dev/shm named by the network namespace,
+// the address and the UDP port (softrdma-shm.<netns inode>.<address hex>.<port>), so a sender finds the
+// receiver of a destination Endpoint with no daemon, and processes in different network namespaces (which
+// cannot reach each other's sockets either, or only through a real network) never find each other. The
+// receiver holds a shared flock on its file for its life: a file nobody locks is a dead process's, which
+// `collect_garbage` removes; a new process that binds the same port replaces the file (rename), so a file
+// left by a process killed with SIGKILL wedges nothing. Files are 0600: only the same user finds them.
+//
+// Rings (shm_ring.h): the port file holds a table of kMaxRings multi-producer single-consumer rings, one per
+// sending context, claimed by the sender on its first packet and given back when it closes (or by another
+// sender, when its owner died). A full ring makes the sender wait briefly (kFullWaitNs per burst), then drop
+// the packet (counted, drop_shm_ring_full): the transport retransmits, as after a loss on the wire; nothing
+// blocks for longer.
+//
+// Wake-ups: a busy receiver reads its rings in rx_burst with no syscall. A receiver that goes to sleep in
+// epoll first sets `sleeping` in its port files (arm_wakeup); a sender that finds it set clears it and sends
+// the receiver's UDP port an empty datagram (the doorbell, one per sleep), which wakes its epoll.
+//
+// SOFTRDMA_FAULTS applies to the packets of the rings as to those of the sockets (an injector of its own;
+// a corrupted packet is dropped as the ICRC check would). SOFTRDMA_SHM=0 turns the path off.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <expected>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/counters.h"
+#include "io/backend.h"
+#include "io/shm/shm_ring.h"
+#include "io/udp/fault_injector.h"
+#include "io/udp/udp_io.h"
+
+namespace softrdma::io {
+
+class ShmIo : public Backend {
+ public:
+  static constexpr const char* kEnv = "SOFTRDMA_SHM";
+  static constexpr const char* kFilePrefix = "softrdma-shm.";
+  // How often a sender looks again at a peer it knows (a replaced or closed port file, a ring taken back).
+  static constexpr uint64_t kRecheckNs = 200'000'000;
+  static constexpr uint32_t kMaxOwnPorts = 256;  // published ports per context (more go over UDP only)
+  static constexpr uint32_t kPeerSlots = 1024;   // destinations a context remembers (more go over UDP)
+  // How long one tx_burst waits in all for room in full rings before it drops (a receiver drains a ring of
+  // 2048 packets of 4 KiB in about a millisecond; the UDP backend waits up to 20 ms for a full socket).
+  // UC and UD have no flow control: perftest's UC/UD SEND tests need such bursts to arrive. A ring that
+  // gets no room for a whole wait drops at once for kStalledNs.
+  static constexpr int64_t kFullWaitNs = 10'000'000;
+  static constexpr uint64_t kStalledNs = 100'000'000;
+
+  struct Config {
+    std::string dir = "/dev/shm";
+    uint32_t ring_slots = shm::kDefaultSlots;  // a power of two
+    uint64_t netns = 0;                         // 0: this process's network namespace (tests set others)
+  };
+
+  // Whether the environment asks for the path (SOFTRDMA_SHM unset or anything but "0").
+  static bool enabled_by_env();
+  // Layers the path on `udp` (whose ports it publishes). `counters` may be null.
+  static std::expected<std::unique_ptr<ShmIo>, int> create(std::unique_ptr<UdpIo> udp, Counters* counters,
+                                                           const Config& cfg);
+  static std::expected<std::unique_ptr<ShmIo>, int> create(std::unique_ptr<UdpIo> udp, Counters* counters) {
+    return create(std::move(udp), counters, Config{});
+  }
+  ~ShmIo() override;
+  ShmIo(const ShmIo&) = delete;
+  ShmIo& operator=(const ShmIo&) = delete;
+
+  // Opens the UDP port and publishes it (a port that cannot be published works over UDP alone).
+  std::expected<uint16_t, int> open_port(uint16_t port) override;
+  void close_port(uint16_t port) override;
+  // Packets to a published port of this host go into its ring, the others to UDP (in order per destination).
+  void tx_burst(std::span<TxPacket> pkts) override;
+  // UDP packets, then ring packets (a doorbell read here means its packet is in the ring: it is read in the
+  // same call). They stay valid until the next call.
+  uint32_t rx_burst(RxPacket* out, uint32_t max) override;
+  int poll_fd() const override { return udp_->poll_fd(); }
+  const wire::Gid& local_addr() const override { return udp_->local_addr(); }
+  bool arm_wakeup() override;
+  void woke() override { armed_.store(false, std::memory_order_relaxed); }
+  // Also looks again at a peer it knows: a restarted process may have the port of a dead one.
+  void prepare_peer(const wire::Endpoint& dst) override;
+
+  UdpIo* udp() const { return udp_.get(); }
+  // The file that publishes `ep` in this context's namespace.
+  std::string port_path(const wire::Endpoint& ep) const;
+  // Whether packets to `dst` would go through shared memory now (looks the peer up).
+  bool reaches(const wire::Endpoint& dst);
+  // Removes the port files in `dir` that no live process holds; returns how many.
+  static int collect_garbage(const std::string& dir);
+
+ private:
+  struct OwnPort;
+  struct Peer;
+  struct PeerSlot;
+
+  ShmIo(std::unique_ptr<UdpIo> udp, Counters* counters, const Config& cfg);
+  int publish(OwnPort& o);
+  uint32_t rx_rings(RxPacket* out, uint32_t room, uint64_t now);
+  void scan_entries(OwnPort& o, uint64_t gen);
+  Peer* lookup(const wire::Endpoint& dst, uint64_t now);
+  Peer* recheck(PeerSlot& s, uint64_t now);
+  Peer* open_peer(const wire::Endpoint& dst);
+  bool still_valid(const Peer& p) const;
+  void give_back(Peer& p);
+  void wake(Peer& p, uint16_t src_port);
+  shm::Slot* claim_waiting(Peer& p, uint64_t* pos, uint16_t src_port, int64_t* budget);
+
+  std::unique_ptr<UdpIo> udp_;
+  Counters own_counters_;
+  Counters* const counters_;
+  const Config cfg_;
+  uint64_t netns_ = 0;
+  uint64_t pidns_ = 0;
+  int pid_ = 0;
+  uint64_t start_time_ = 0;
+  std::unique_ptr<RxFaults> faults_;
+
+  // Receiving: published ports, filled in order (slots never reused), read without a lock.
+  std::unique_ptr<OwnPort[]> own_;
+  std::atomic<uint32_t> n_own_{0};
+  std::atomic<bool> armed_{false};  // the receiver sleeps (between arm_wakeup and woke)
+  void set_sleeping();
+
+  // Sending: destinations by hash (open addressing; entries never removed), and every Peer ever made
+  // (a replaced one stays mapped until the end: another thread may still be writing into it).
+  std::unique_ptr<PeerSlot[]> peers_;
+  std::vector<std::unique_ptr<Peer>> all_peers_;
+  std::mutex ctl_mu_;  // open/close_port, peer lookups that miss
+};
+
+}  // namespace softrdma::io

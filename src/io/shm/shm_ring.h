@@ -1,0 +1,177 @@
+// The shared-memory layout of the same-host path (io/shm), an ABI between processes (and builds): a port
+// file per UDP port a context publishes, holding a table of rings, one per sending context. Offsets, not
+// pointers; fixed-width fields; magic and version checked before use.
+//
+//   port file: PortHeader (4 KiB) | ring 0 | ring 1 | ... | ring kMaxRings-1
+//   ring:      RingHeader (64 B) | slot 0 | ... | slot nslots-1
+//
+// A ring is a bounded multi-producer, single-consumer queue of fixed-size slots (Vyukov's bounded queue): the
+// threads of one sending context claim slots with a CAS on `tail`, fill them and publish each by storing
+// its sequence number; the receiving context (one rx_burst caller at a time) reads slots in order and frees
+// them by advancing their sequence by nslots. No locks: a producer that dies between claim and publish only
+// stalls its own ring, which its receiver then frees (RingEntry::kClosing).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "io/packet.h"
+
+namespace softrdma::io::shm {
+
+inline constexpr uint64_t kPortMagic = 0x54524f504d485352ull;  // "RSHMPORT" as little-endian bytes
+inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kMaxRings = 32;      // sending contexts per receiving port (more fall back to UDP)
+inline constexpr uint32_t kSlotHeader = 64;
+inline constexpr uint32_t kSlotData = 4224;    // BTH .. pad of the largest packet: 64 B headers + 4096 + pad
+inline constexpr uint32_t kSlotBytes = kSlotHeader + kSlotData;
+inline constexpr uint32_t kDefaultSlots = 2048;  // per ring: 8.4 MiB, allocated when a sender claims it
+static_assert(kSlotData >= kMaxHdr + 4096 + 3);
+static_assert(kSlotBytes % 64 == 0);
+static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
+
+struct alignas(64) Slot {
+  std::atomic<uint64_t> seq;  // == position: free for the producer of that position; == position + 1: full
+  uint32_t len;               // bytes of data: BTH .. pad (no ICRC)
+  uint16_t src_port;
+  uint8_t tos;
+  uint8_t ttl;
+  uint8_t src_addr[16];  // the sender's GID
+  uint8_t reserved[kSlotHeader - 32];
+  uint8_t data[kSlotData];
+};
+static_assert(sizeof(Slot) == kSlotBytes && offsetof(Slot, data) == kSlotHeader);
+
+struct alignas(64) RingHeader {
+  std::atomic<uint64_t> tail;  // next position a producer claims
+  uint8_t reserved[56];
+};
+static_assert(sizeof(RingHeader) == 64);
+
+inline constexpr size_t ring_bytes(uint32_t nslots) { return sizeof(RingHeader) + size_t{nslots} * kSlotBytes; }
+
+// One entry of a port's ring table: who owns ring i. A sender claims a free entry (CAS kFree -> kClaimed),
+// initializes the ring, and publishes it (kReady, epoch + 1, then PortHeader::gen + 1). It gives it back
+// with kClosing (or another sender does, for an owner that died); the receiver stops reading it once it
+// holds nothing readable and sets kFree.
+struct alignas(64) RingEntry {
+  enum : uint32_t { kFree = 0, kClaimed = 1, kReady = 2, kClosing = 3 };
+  std::atomic<uint32_t> state;
+  std::atomic<uint32_t> epoch;  // + 1 at each claim: the receiver restarts reading at position 0
+  int32_t owner_pid;
+  uint32_t reserved0;
+  uint64_t owner_start_time;  // /proc/<pid>/stat field 22: tells a reused pid apart
+  uint64_t owner_pidns;       // a pid means something only in its pid namespace
+  uint8_t reserved[32];
+};
+static_assert(sizeof(RingEntry) == 64);
+
+struct PortHeader {
+  uint64_t magic;  // stored last (release), checked first (acquire)
+  uint32_t version;
+  uint32_t max_rings;
+  uint32_t nslots;      // per ring
+  uint32_t slot_bytes;  // kSlotBytes
+  uint64_t rings_offset;
+  uint64_t ring_stride;  // ring_bytes(nslots), rounded up to a page
+  int32_t pid;           // the receiving process
+  uint32_t reserved0;
+  uint64_t start_time;
+  uint64_t pidns;  // the pid namespace `pid` belongs to
+  alignas(64) std::atomic<uint32_t> closed;    // 1: the port closed; senders look the peer up again
+  alignas(64) std::atomic<uint32_t> sleeping;  // 1: the receiver sleeps; the next sender wakes it (doorbell)
+  alignas(64) std::atomic<uint64_t> gen;       // + 1 whenever an entry changes state
+  alignas(64) RingEntry rings[kMaxRings];
+};
+inline constexpr size_t kPortHeaderBytes = 4096;
+static_assert(sizeof(PortHeader) <= kPortHeaderBytes);
+
+inline constexpr size_t ring_stride(uint32_t nslots) { return (ring_bytes(nslots) + 4095) & ~size_t{4095}; }
+inline constexpr size_t port_file_bytes(uint32_t nslots) {
+  return kPortHeaderBytes + size_t{kMaxRings} * ring_stride(nslots);
+}
+
+// A view of one ring in mapped memory.
+class Ring {
+ public:
+  Ring() = default;
+  Ring(void* mem, uint32_t nslots)
+      : hdr_(static_cast<RingHeader*>(mem)),
+        slots_(reinterpret_cast<Slot*>(static_cast<uint8_t*>(mem) + sizeof(RingHeader))),
+        nslots_(nslots),
+        mask_(nslots - 1) {}
+  bool valid() const { return hdr_ != nullptr; }
+  uint32_t size() const { return nslots_; }
+
+  // Before the ring is published: every slot free for the first lap.
+  void init() {
+    for (uint32_t i = 0; i < nslots_; ++i) slots_[i].seq.store(i, std::memory_order_relaxed);
+    hdr_->tail.store(0, std::memory_order_release);
+  }
+
+  // Producer: a slot to fill and its position, or null when the ring is full.
+  Slot* claim(uint64_t* pos) {
+    uint64_t p = hdr_->tail.load(std::memory_order_relaxed);
+    for (;;) {
+      Slot& s = slots_[p & mask_];
+      const uint64_t seq = s.seq.load(std::memory_order_acquire);
+      const auto dif = static_cast<int64_t>(seq - p);
+      if (dif == 0) {
+        if (hdr_->tail.compare_exchange_weak(p, p + 1, std::memory_order_relaxed)) {
+          *pos = p;
+          return &s;
+        }
+      } else if (dif < 0) {
+        return nullptr;  // the consumer has not freed this slot of the previous lap
+      } else {
+        p = hdr_->tail.load(std::memory_order_relaxed);
+      }
+    }
+  }
+  static void publish(Slot* s, uint64_t pos) { s->seq.store(pos + 1, std::memory_order_release); }
+
+  // Consumer: the slot at `pos` if it is full (its contents are then visible), else null.
+  Slot* peek(uint64_t pos) const {
+    Slot& s = slots_[pos & mask_];
+    return s.seq.load(std::memory_order_acquire) == pos + 1 ? &s : nullptr;
+  }
+  bool readable(uint64_t pos) const {
+    return slots_[pos & mask_].seq.load(std::memory_order_seq_cst) == pos + 1;
+  }
+  void release(uint64_t pos) { slots_[pos & mask_].seq.store(pos + nslots_, std::memory_order_release); }
+
+ private:
+  RingHeader* hdr_ = nullptr;
+  Slot* slots_ = nullptr;
+  uint32_t nslots_ = 0;
+  uint64_t mask_ = 0;
+};
+
+// The bytes a packet takes in a slot: header, payload pieces, pad (no ICRC: memory does not corrupt it).
+inline uint64_t slot_len(const TxPacket& p) {
+  uint64_t len = p.hdr_len + (p.pad & 3u);
+  for (uint32_t k = 0; k < p.n_iov; ++k) len += p.iov[k].iov_len;
+  return len;
+}
+
+// Copies a packet of slot_len(p) == len <= kSlotData bytes into a slot.
+inline void fill_slot(Slot* s, const TxPacket& p, uint32_t len, const wire::Gid& src_addr) {
+  uint8_t* d = s->data;
+  std::memcpy(d, p.hdr, p.hdr_len);
+  d += p.hdr_len;
+  for (uint32_t k = 0; k < p.n_iov; ++k) {
+    if (p.iov[k].iov_len == 0) continue;  // its base may be null
+    std::memcpy(d, p.iov[k].iov_base, p.iov[k].iov_len);
+    d += p.iov[k].iov_len;
+  }
+  std::memset(d, 0, p.pad & 3u);
+  s->len = len;
+  s->src_port = p.src.port;
+  s->tos = 0;
+  s->ttl = 64;
+  std::memcpy(s->src_addr, src_addr.raw.data(), 16);
+}
+
+}  // namespace softrdma::io::shm

@@ -1,0 +1,428 @@
+// The same-host path (io/shm): the ring on its own, discovery (namespaces, dead peers), and the backend
+// between two contexts as the UDP tests drive theirs.
+#include "io/shm/shm_io.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "wire/headers.h"
+
+namespace softrdma::io {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A directory of its own per test, so that tests running in parallel (and the machine's real contexts)
+// never see each other's files.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/dev/shm/softrdma-shm-test.XXXXXX";
+    path = mkdtemp(tmpl) ? tmpl : "";
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  size_t files() const {
+    size_t n = 0;
+    for (auto& e : std::filesystem::directory_iterator(path)) n += e.is_regular_file();
+    return n;
+  }
+};
+
+wire::Gid loopback() { return wire::Gid::from_v4(htonl(0x7F000001)); }
+
+struct Side {
+  Counters counters;
+  std::unique_ptr<ShmIo> io;
+  uint16_t port = 0;
+  wire::Endpoint ep() const { return {io->local_addr(), port}; }
+};
+
+std::unique_ptr<Side> make_side(const std::string& dir, uint64_t netns = 0, uint32_t slots = 64) {
+  auto s = std::make_unique<Side>();
+  auto udp = UdpIo::create(loopback(), &s->counters);
+  if (!udp) return nullptr;
+  ShmIo::Config cfg;
+  cfg.dir = dir;
+  cfg.ring_slots = slots;
+  cfg.netns = netns;
+  auto io = ShmIo::create(std::move(*udp), &s->counters, cfg);
+  if (!io) return nullptr;
+  s->io = std::move(*io);
+  auto port = s->io->open_port(0);
+  if (!port) return nullptr;
+  s->port = *port;
+  return s;
+}
+
+// An RC SEND_ONLY to QP 0x111 with `psn`, the payload in two pieces and `pad` pad bytes.
+void make_packet(TxPacket& p, const Side& from, const wire::Endpoint& to, uint32_t psn, const std::vector<uint8_t>& payload,
+                 uint8_t pad = 0) {
+  std::memset(p.hdr, 0, sizeof p.hdr);
+  p.hdr[0] = 0x04;
+  p.hdr[1] = static_cast<uint8_t>(pad << 4);
+  wire::store_be16(p.hdr + 2, 0xFFFF);
+  wire::store_be24(p.hdr + 5, 0x000111);
+  wire::store_be24(p.hdr + 9, psn);
+  p.hdr_len = wire::kBthLen;
+  p.src = from.ep();
+  p.dst = to;
+  p.pad = pad;
+  const size_t half = payload.size() / 2;
+  p.n_iov = 2;
+  p.iov[0] = iovec{const_cast<uint8_t*>(payload.data()), half};
+  p.iov[1] = iovec{const_cast<uint8_t*>(payload.data()) + half, payload.size() - half};
+  p.payload_len = static_cast<uint32_t>(payload.size());
+}
+
+// Receives until `want` packets came or `ms` passed; returns copies of them.
+std::vector<std::vector<uint8_t>> receive(Side& s, size_t want, int ms = 2000,
+                                          std::vector<wire::Endpoint>* srcs = nullptr) {
+  std::vector<std::vector<uint8_t>> got;
+  const auto end = Clock::now() + std::chrono::milliseconds(ms);
+  RxPacket pkts[32];
+  while (got.size() < want && Clock::now() < end) {
+    const uint32_t n = s.io->rx_burst(pkts, 32);
+    for (uint32_t i = 0; i < n; ++i) {
+      got.emplace_back(pkts[i].data, pkts[i].data + pkts[i].len);
+      if (srcs) srcs->push_back(pkts[i].src);
+    }
+    if (n == 0) std::this_thread::yield();
+  }
+  return got;
+}
+
+TEST(ShmRing, FifoAcrossLapsAndFullWhenConsumerLags) {
+  constexpr uint32_t kSlots = 8;
+  std::vector<uint8_t> mem(shm::ring_bytes(kSlots) + 64);
+  void* base = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(mem.data()) + 63) & ~uintptr_t{63});
+  shm::Ring ring(base, kSlots);
+  ring.init();
+  uint64_t head = 0;
+  for (uint32_t lap = 0; lap < 3; ++lap) {
+    for (uint32_t i = 0; i < kSlots; ++i) {
+      uint64_t pos;
+      shm::Slot* s = ring.claim(&pos);
+      ASSERT_NE(s, nullptr);
+      EXPECT_EQ(pos, uint64_t{lap} * kSlots + i);
+      s->len = static_cast<uint32_t>(pos);
+      shm::Ring::publish(s, pos);
+    }
+    uint64_t pos;
+    EXPECT_EQ(ring.claim(&pos), nullptr) << "full: the consumer has not freed the previous lap";
+    for (uint32_t i = 0; i < kSlots; ++i) {
+      shm::Slot* s = ring.peek(head);
+      ASSERT_NE(s, nullptr);
+      EXPECT_EQ(s->len, head);
+      ring.release(head++);
+    }
+    EXPECT_EQ(ring.peek(head), nullptr);
+  }
+}
+
+TEST(ShmRing, ManyProducersOneConsumerLoseAndDuplicateNothing) {
+  constexpr uint32_t kSlots = 64, kThreads = 4, kPerThread = 20000;
+  std::vector<uint8_t> mem(shm::ring_bytes(kSlots) + 64);
+  void* base = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(mem.data()) + 63) & ~uintptr_t{63});
+  shm::Ring ring(base, kSlots);
+  ring.init();
+  std::vector<std::thread> producers;
+  for (uint32_t t = 0; t < kThreads; ++t) {
+    producers.emplace_back([&, t] {
+      for (uint32_t i = 0; i < kPerThread;) {
+        uint64_t pos;
+        shm::Slot* s = ring.claim(&pos);
+        if (s == nullptr) {
+          std::this_thread::yield();
+          continue;
+        }
+        s->len = t << 24 | i;
+        shm::Ring::publish(s, pos);
+        ++i;
+      }
+    });
+  }
+  std::vector<uint32_t> next(kThreads, 0);
+  uint64_t head = 0;
+  const auto end = Clock::now() + std::chrono::seconds(20);
+  while (head < uint64_t{kThreads} * kPerThread && Clock::now() < end) {
+    shm::Slot* s = ring.peek(head);
+    if (s == nullptr) continue;
+    const uint32_t t = s->len >> 24, i = s->len & 0xFFFFFF;
+    ASSERT_LT(t, kThreads);
+    ASSERT_EQ(i, next[t]) << "each producer's packets arrive once and in its order";
+    ++next[t];
+    ring.release(head++);
+  }
+  for (auto& p : producers) p.join();
+  EXPECT_EQ(head, uint64_t{kThreads} * kPerThread);
+}
+
+TEST(ShmIo, CarriesPacketsBetweenTwoContextsInOrder) {
+  TempDir dir;
+  auto a = make_side(dir.path), b = make_side(dir.path);
+  ASSERT_TRUE(a && b);
+  EXPECT_TRUE(a->io->reaches(b->ep()));
+  std::vector<std::vector<uint8_t>> payloads;
+  std::vector<TxPacket> pkts(40);
+  for (uint32_t i = 0; i < pkts.size(); ++i) {
+    payloads.emplace_back(i * 97 % 4097, static_cast<uint8_t>(i));
+  }
+  for (uint32_t i = 0; i < pkts.size(); ++i) make_packet(pkts[i], *a, b->ep(), i, payloads[i], i % 4);
+  a->io->tx_burst(pkts);
+  std::vector<wire::Endpoint> srcs;
+  auto got = receive(*b, pkts.size(), 2000, &srcs);
+  ASSERT_EQ(got.size(), pkts.size());
+  for (uint32_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i].size(), wire::kBthLen + payloads[i].size() + i % 4);
+    EXPECT_EQ(wire::load_be24(got[i].data() + 9), i);
+    EXPECT_TRUE(std::equal(payloads[i].begin(), payloads[i].end(), got[i].begin() + wire::kBthLen));
+    EXPECT_EQ(srcs[i], a->ep());
+  }
+  EXPECT_EQ(a->counters.get(Counter::tx_shm_packets), pkts.size());
+  EXPECT_EQ(b->counters.get(Counter::rx_shm_packets), pkts.size());
+  EXPECT_EQ(b->counters.get(Counter::rx_packets), pkts.size());
+  EXPECT_EQ(a->io->udp()->tx_dropped(), 0u);
+}
+
+TEST(ShmIo, FullRingDropsAndCountsThenRecovers) {
+  TempDir dir;
+  auto a = make_side(dir.path, 0, 16), b = make_side(dir.path, 0, 16);
+  ASSERT_TRUE(a && b);
+  std::vector<uint8_t> payload(100, 7);
+  std::vector<TxPacket> pkts(20);
+  for (uint32_t i = 0; i < pkts.size(); ++i) make_packet(pkts[i], *a, b->ep(), i, payload);
+  const auto t0 = Clock::now();
+  a->io->tx_burst(pkts);
+  EXPECT_GE(Clock::now() - t0, std::chrono::nanoseconds(ShmIo::kFullWaitNs)) << "it waited for room first";
+  EXPECT_EQ(a->counters.get(Counter::drop_shm_ring_full), 4u);
+  EXPECT_EQ(receive(*b, 16).size(), 16u);
+  EXPECT_EQ(receive(*b, 1, 10).size(), 0u);  // gives back what the last call handed out
+  a->io->tx_burst(std::span(pkts).first(10));
+  EXPECT_EQ(receive(*b, 10).size(), 10u);
+  EXPECT_EQ(receive(*b, 1, 50).size(), 0u);
+}
+
+// UC and UD have no flow control: a burst larger than the ring gets through to a receiver that reads.
+TEST(ShmIo, FullRingWaitsForAReceiverThatReads) {
+  TempDir dir;
+  auto a = make_side(dir.path, 0, 16), b = make_side(dir.path, 0, 16);
+  ASSERT_TRUE(a && b);
+  std::atomic<bool> running{false}, stop{false};
+  std::atomic<size_t> got{0};
+  std::thread rx([&] {
+    RxPacket pkts[32];
+    running = true;
+    while (!stop) got += b->io->rx_burst(pkts, 32);
+  });
+  while (!running) std::this_thread::yield();
+  std::vector<uint8_t> payload(1000, 5);
+  std::vector<TxPacket> pkts(64);
+  for (uint32_t i = 0; i < pkts.size(); ++i) make_packet(pkts[i], *a, b->ep(), i, payload);
+  a->io->tx_burst(pkts);
+  const auto end = Clock::now() + std::chrono::seconds(2);
+  while (got < pkts.size() - a->counters.get(Counter::drop_shm_ring_full) && Clock::now() < end)
+    std::this_thread::yield();
+  stop = true;
+  rx.join();
+  EXPECT_EQ(got + a->counters.get(Counter::drop_shm_ring_full), pkts.size());
+  EXPECT_GT(got, 16u) << "more than a ring's worth in one burst";
+}
+
+TEST(ShmIo, SleepingReceiverGetsOneDoorbellBusyOneGetsNone) {
+  TempDir dir;
+  auto a = make_side(dir.path), b = make_side(dir.path);
+  ASSERT_TRUE(a && b);
+  std::vector<uint8_t> payload(8, 1);
+  TxPacket p;
+  make_packet(p, *a, b->ep(), 1, payload);
+  // A port counts as asleep until its receiver runs: the first packet rings.
+  a->io->tx_burst(std::span(&p, 1));
+  EXPECT_EQ(a->counters.get(Counter::shm_doorbells), 1u);
+  EXPECT_EQ(receive(*b, 1).size(), 1u);
+  // Busy receiver: no doorbell.
+  a->io->tx_burst(std::span(&p, 1));
+  EXPECT_EQ(receive(*b, 1).size(), 1u);
+  EXPECT_EQ(a->counters.get(Counter::shm_doorbells), 1u);
+  // It goes to sleep: the next packets ring once, and its poll fd becomes readable.
+  EXPECT_FALSE(b->io->arm_wakeup());
+  a->io->tx_burst(std::span(&p, 1));
+  a->io->tx_burst(std::span(&p, 1));
+  EXPECT_EQ(a->counters.get(Counter::shm_doorbells), 2u);
+  pollfd pfd{b->io->poll_fd(), POLLIN, 0};
+  EXPECT_EQ(poll(&pfd, 1, 2000), 1);
+  EXPECT_EQ(receive(*b, 2).size(), 2u);
+  EXPECT_EQ(receive(*b, 1, 50).size(), 0u) << "the doorbell is not a packet";
+  EXPECT_EQ(b->counters.get(Counter::drop_truncated), 0u);
+  // A packet published before the receiver armed is reported by arm_wakeup itself.
+  a->io->tx_burst(std::span(&p, 1));
+  EXPECT_TRUE(b->io->arm_wakeup());
+}
+
+TEST(ShmIo, OffWhenNoPortFileAndOtherNamespacesAreNotFound) {
+  TempDir dir;
+  auto a = make_side(dir.path, 1111), b = make_side(dir.path, 2222), c = make_side(dir.path, 1111);
+  ASSERT_TRUE(a && b && c);
+  EXPECT_FALSE(a->io->reaches(b->ep())) << "another network namespace";
+  EXPECT_TRUE(a->io->reaches(c->ep()));
+  EXPECT_FALSE(a->io->reaches(wire::Endpoint{loopback(), 1})) << "no softrdma port there";
+  // Packets to b still arrive, over UDP.
+  std::vector<uint8_t> payload(32, 3);
+  TxPacket p;
+  make_packet(p, *a, b->ep(), 5, payload);
+  a->io->tx_burst(std::span(&p, 1));
+  EXPECT_EQ(receive(*b, 1).size(), 1u);
+  EXPECT_EQ(b->counters.get(Counter::rx_shm_packets), 0u);
+  EXPECT_NE(a->io->port_path(b->ep()), b->io->port_path(b->ep()));
+}
+
+// A real second network namespace (needs CAP_SYS_ADMIN): a context there publishes 127.0.0.1:P in the same
+// directory, and one here on 127.0.0.1 does not find it.
+TEST(ShmIo, RealNetworkNamespacesDoNotMeet) {
+  TempDir dir;
+  int ready[2], done[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(done), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    uint16_t port = 0;
+    if (unshare(CLONE_NEWNET) == 0 && system("ip link set lo up") == 0) {
+      auto s = make_side(dir.path);
+      if (s) port = s->port;
+      [[maybe_unused]] ssize_t w = write(ready[1], &port, sizeof port);
+      char c;
+      [[maybe_unused]] ssize_t r = read(done[0], &c, 1);
+      _exit(0);
+    }
+    [[maybe_unused]] ssize_t w = write(ready[1], &port, sizeof port);
+    _exit(0);
+  }
+  uint16_t port = 0;
+  ASSERT_EQ(read(ready[0], &port, sizeof port), static_cast<ssize_t>(sizeof port));
+  if (port == 0) {
+    waitpid(child, nullptr, 0);
+    GTEST_SKIP() << "no new network namespace here (needs CAP_SYS_ADMIN)";
+  }
+  EXPECT_EQ(dir.files(), 1u);
+  auto here = make_side(dir.path);
+  ASSERT_TRUE(here);
+  EXPECT_FALSE(here->io->reaches(wire::Endpoint{loopback(), port}));
+  [[maybe_unused]] ssize_t w = write(done[1], "x", 1);
+  waitpid(child, nullptr, 0);
+}
+
+// A receiver killed with SIGKILL leaves its file; it wedges nothing: senders do not use it, a new process on
+// that port replaces it, and the garbage collector removes it.
+TEST(ShmIo, KilledProcessLeavesAFileThatWedgesNothing) {
+  TempDir dir;
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto s = make_side(dir.path);
+    uint16_t port = s ? s->port : 0;
+    [[maybe_unused]] ssize_t w = write(ready[1], &port, sizeof port);
+    pause();
+    _exit(0);
+  }
+  uint16_t port = 0;
+  ASSERT_EQ(read(ready[0], &port, sizeof port), static_cast<ssize_t>(sizeof port));
+  ASSERT_NE(port, 0);
+  auto a = make_side(dir.path);
+  ASSERT_TRUE(a);
+  EXPECT_TRUE(a->io->reaches(wire::Endpoint{loopback(), port})) << "alive: found";
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  EXPECT_EQ(dir.files(), 2u) << "the killed process's file stays behind";
+  // A new context that binds the same port replaces it and is reached.
+  auto b = std::make_unique<Side>();
+  auto udp = UdpIo::create(loopback(), &b->counters);
+  ASSERT_TRUE(udp);
+  ShmIo::Config cfg;
+  cfg.dir = dir.path;
+  cfg.ring_slots = 64;
+  auto io = ShmIo::create(std::move(*udp), &b->counters, cfg);
+  ASSERT_TRUE(io);
+  b->io = std::move(*io);
+  auto p = b->io->open_port(port);
+  ASSERT_TRUE(p) << std::strerror(p.error());
+  b->port = *p;
+  auto c = make_side(dir.path);  // a sender that never knew the dead one
+  ASSERT_TRUE(c);
+  std::vector<uint8_t> payload(64, 9);
+  TxPacket pkt;
+  make_packet(pkt, *c, b->ep(), 3, payload);
+  c->io->tx_burst(std::span(&pkt, 1));
+  EXPECT_EQ(receive(*b, 1).size(), 1u);
+  EXPECT_EQ(b->counters.get(Counter::rx_shm_packets), 1u);
+  // The sender that knew the dead one finds the new one within kRecheckNs.
+  const auto end = Clock::now() + std::chrono::seconds(3);
+  make_packet(pkt, *a, b->ep(), 4, payload);
+  uint64_t before = b->counters.get(Counter::rx_shm_packets);
+  while (Clock::now() < end && b->counters.get(Counter::rx_shm_packets) == before) {
+    a->io->tx_burst(std::span(&pkt, 1));
+    receive(*b, 1, 20);
+  }
+  EXPECT_GT(b->counters.get(Counter::rx_shm_packets), before);
+  // A file nobody holds goes at the next collection.
+  b.reset();
+  EXPECT_GE(dir.files(), 1u);
+  ShmIo::collect_garbage(dir.path);
+  EXPECT_EQ(dir.files(), 2u) << "a and c are alive";
+}
+
+TEST(ShmIo, SenderThatLeavesGivesItsRingBack) {
+  TempDir dir;
+  auto b = make_side(dir.path);
+  ASSERT_TRUE(b);
+  std::vector<uint8_t> payload(16, 2);
+  // More senders over time than the port has rings: each gives its ring back when it goes.
+  for (uint32_t i = 0; i < shm::kMaxRings + 8; ++i) {
+    auto a = make_side(dir.path);
+    ASSERT_TRUE(a);
+    TxPacket p;
+    make_packet(p, *a, b->ep(), i, payload);
+    a->io->tx_burst(std::span(&p, 1));
+    ASSERT_EQ(receive(*b, 1).size(), 1u) << i;
+    a.reset();
+    receive(*b, 1, 5);  // the receiver frees the ring
+  }
+  EXPECT_EQ(b->counters.get(Counter::rx_shm_packets), shm::kMaxRings + 8);
+}
+
+TEST(ShmIo, FaultInjectionAppliesToRingPackets) {
+  TempDir dir;
+  setenv("SOFTRDMA_FAULTS", "drop=0.5,seed=7", 1);
+  auto b = make_side(dir.path);
+  unsetenv("SOFTRDMA_FAULTS");
+  auto a = make_side(dir.path);
+  ASSERT_TRUE(a && b);
+  std::vector<uint8_t> payload(16, 2);
+  std::vector<TxPacket> pkts(32);
+  for (uint32_t i = 0; i < pkts.size(); ++i) make_packet(pkts[i], *a, b->ep(), i, payload);
+  a->io->tx_burst(pkts);
+  auto got = receive(*b, 32, 300);
+  EXPECT_GT(got.size(), 4u);
+  EXPECT_LT(got.size(), 28u);
+  EXPECT_EQ(got.size() + b->counters.get(Counter::drop_injected), 32u);
+}
+
+}  // namespace
+}  // namespace softrdma::io

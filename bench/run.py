@@ -399,7 +399,9 @@ class Runner:
             if "atomic" in prog:  # one round trip each, and responders run them one at a time
                 msgs = max(20, msgs // 10)
             per_qp = max(5, math.ceil(msgs / case.qps))  # perftest's least is 5
-            opts += ["-q", str(case.qps), "-n", str(per_qp)]
+            # -N: no BW-peak report. perftest computes it (for up to 20,000 iterations) in time that grows with
+            # the square of iterations x QPs: 5000 x 64 QPs took minutes after the transfer ended.
+            opts += ["-q", str(case.qps), "-n", str(per_qp), "-N"]
             if per_qp < 128:
                 opts += ["-t", str(per_qp)]  # perftest wants the send queue no deeper than the iterations
         else:

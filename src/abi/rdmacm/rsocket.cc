@@ -1062,25 +1062,22 @@ SR_EXPORT ssize_t rwritev(int fd, const iovec* iov, int iovcnt) {
   return send_iov(s, iov, iovcnt, 0);
 }
 
-SR_EXPORT int rgetpeername(int fd, sockaddr* addr, socklen_t* addrlen) {
+namespace {
+// rgetpeername (peer) and rgetsockname: the datagram socket's own answer, or the cm id's address.
+int get_name(int fd, sockaddr* addr, socklen_t* addrlen, bool peer) {
   Socket* s = lookup(fd);
   if (!s) return fail_errno(EBADF);
   if (!addr || !addrlen) return fail_errno(EFAULT);
   std::lock_guard lk(s->mu);
-  if (s->dg) return dgram::getpeername(s->dg, addr, addrlen);
-  copy_addr(addr, addrlen, rdma_get_peer_addr(s->id));
+  if (s->dg) return peer ? dgram::getpeername(s->dg, addr, addrlen) : dgram::getsockname(s->dg, addr, addrlen);
+  copy_addr(addr, addrlen, peer ? rdma_get_peer_addr(s->id) : rdma_get_local_addr(s->id));
   return 0;
 }
+}  // namespace
 
-SR_EXPORT int rgetsockname(int fd, sockaddr* addr, socklen_t* addrlen) {
-  Socket* s = lookup(fd);
-  if (!s) return fail_errno(EBADF);
-  if (!addr || !addrlen) return fail_errno(EFAULT);
-  std::lock_guard lk(s->mu);
-  if (s->dg) return dgram::getsockname(s->dg, addr, addrlen);
-  copy_addr(addr, addrlen, rdma_get_local_addr(s->id));
-  return 0;
-}
+SR_EXPORT int rgetpeername(int fd, sockaddr* addr, socklen_t* addrlen) { return get_name(fd, addr, addrlen, true); }
+
+SR_EXPORT int rgetsockname(int fd, sockaddr* addr, socklen_t* addrlen) { return get_name(fd, addr, addrlen, false); }
 
 SR_EXPORT int rsetsockopt(int fd, int level, int optname, const void* optval, socklen_t optlen) {
   Socket* s = lookup(fd);

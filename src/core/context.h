@@ -3,6 +3,7 @@
 // drives it (the engine's progress thread, or a test) calls rx_burst() and tick().
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <deque>
@@ -28,6 +29,11 @@ struct ContextConfig {
   uint32_t active_mtu = 4096;  // bytes, the largest path MTU the interface allows
   bool standard_port = false;  // RoCEv2 standard mode: every peer at UDP 4791
   uint32_t window = 256;       // RC send window in packets
+  // Payload bytes that the RC QPs of this context together keep un-ACKed, at most (each QP's window
+  // shrinks to its share, down to kMinWindow packets): 64 QPs with full windows put 64 MiB into the
+  // peer's socket buffers, which overran them (go-back-N) and evicted the data from the caches before it
+  // was read.
+  uint32_t inflight_budget = 4u << 20;
   Nanos (*clock)() = nullptr;  // a fake clock for tests; CLOCK_MONOTONIC when null
   uint64_t mr_key_seed = 0;    // repeatable MR keys for tests and the fuzzer; 0: from getrandom
 };
@@ -96,8 +102,9 @@ class Context {
   // move for microseconds means no thread polls right now.
   uint32_t app_poll_seq() const { return app_poll_seq_.load(std::memory_order_relaxed); }
 
-  // Asks the driver to call tick() soon (a QP armed a timer or has queued work).
-  void kick();
+  // Wakes a sleeping driver that would sleep past `by` (0: wakes it in any case): a QP armed a timer due
+  // then, or (0) an application is about to wait for events and the driver must receive for it.
+  void kick(Nanos by = 0);
   // A QP armed a timer for `d`: the next drive runs the timers by then. (A polling application runs them
   // when they are due by this; without it an RNR retry waited for a later deadline, such as the 67 ms ACK
   // timeout: ib_send_bw -s 8 -Q 1 at 2,200 messages per second.)
@@ -106,10 +113,18 @@ class Context {
     while (d != 0 && d < cur && !next_tick_.compare_exchange_weak(cur, d, std::memory_order_seq_cst)) {
     }
   }
+  // The RC send window of a QP with this path MTU: the context's budget shared by its sending QPs.
+  uint32_t window_for(uint32_t pmtu) const {
+    const uint32_t n = std::max<uint32_t>(1, rc_sending_.load(std::memory_order_relaxed));
+    return std::clamp<uint32_t>(cfg_.inflight_budget / (pmtu * n), kMinWindow, cfg_.window);
+  }
+  static constexpr uint32_t kMinWindow = 16;
+  // RC QPs that have reached RTS (and were not reset or destroyed since): the sharers of the budget.
+  void rc_sending(int delta) { rc_sending_.fetch_add(delta, std::memory_order_relaxed); }
   // The earliest armed timer (kNoTimer: none), for a driver that is about to sleep.
   Nanos next_timer() const { return next_tick_.load(std::memory_order_seq_cst); }
   static constexpr Nanos kNoTimer = std::numeric_limits<Nanos>::max();
-  void set_kick(void (*fn)(void*), void* arg) {
+  void set_kick(void (*fn)(void*, Nanos), void* arg) {
     kick_fn_ = fn;
     kick_arg_ = arg;
   }
@@ -142,9 +157,11 @@ class Context {
   std::vector<Qp*> qps_;                             // every QP, for the timer scan
   std::atomic<uint64_t> driver_gen_{0};
   std::atomic<bool> driving_{false};    // one receiver at a time (io backends allow one rx caller)
+  std::atomic<uint32_t> rc_sending_{0};
   std::atomic<Nanos> app_drive_ns_{0};  // when an application thread was last seen busy-polling
   static constexpr uint32_t kBusyPollRun = 64;
   static constexpr uint32_t kYieldAfterBlockedPolls = 64;
+  static constexpr uint32_t kYieldAfterIdlePolls = 16;
   // A hint, not a count: threads may lose each other's updates (relaxed load and store, no RMW).
   std::atomic<uint32_t> app_empty_polls_{0};
   std::atomic<uint32_t> app_poll_seq_{0};
@@ -153,7 +170,7 @@ class Context {
   std::atomic<Nanos> next_tick_{0};  // when drive() next runs the timers (0: at its next call)
   uint16_t next_virtual_port_ = 0xC000;  // standard mode: QPN blocks not tied to sockets
 
-  void (*kick_fn_)(void*) = nullptr;
+  void (*kick_fn_)(void*, Nanos) = nullptr;
   void* kick_arg_ = nullptr;
 
   int async_fd_ = -1;

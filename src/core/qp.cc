@@ -25,7 +25,7 @@ void run_requester(Qp& qp) {
   if (d != qp.next_deadline.load(std::memory_order_relaxed)) {
     qp.next_deadline.store(d, std::memory_order_relaxed);
     qp.ctx()->deadline_armed(d);
-    if (d) qp.ctx()->kick();
+    if (d) qp.ctx()->kick(d);
   }
 }
 
@@ -56,7 +56,13 @@ Qp::Qp(Context* ctx, Pd* pd, uint32_t qpn, uint16_t port, const QpInitAttr& init
   attr_.cap = init_.cap;
 }
 
-Qp::~Qp() = default;
+Qp::~Qp() { share_window(false); }
+
+void Qp::share_window(bool on) {
+  if (on == sharing_window_) return;
+  sharing_window_ = on;
+  ctx_->rc_sending(on ? 1 : -1);
+}
 
 int Qp::modify(const QpAttr& attr, uint32_t mask) {
   std::lock_guard g(lock_);
@@ -64,6 +70,8 @@ int Qp::modify(const QpAttr& attr, uint32_t mask) {
   const int err = Transport::modify(*this, attr, mask);
   // Back from SQD: the WQEs posted meanwhile go out now, not at the next post.
   if (err == 0 && before == QpState::kSqd && attr_.qp_state == QpState::kRts) run_requester(*this);
+  share_window(type() == QpType::kRc && attr_.qp_state != QpState::kReset &&
+               (sharing_window_ || attr_.qp_state == QpState::kRts));
   return err;
 }
 

@@ -194,6 +194,7 @@ class Qp {
   // the first WR not posted.
   int post_send(std::span<const SendWr> wrs, size_t* bad);
   int post_recv(std::span<const RecvWr> wrs, size_t* bad);
+  void share_window(bool on);
   // RC packets un-ACKed from which post_send leaves sending to the next ACK (qp.cc).
   static constexpr int32_t kCorkInFlight = 16;
 
@@ -208,6 +209,7 @@ class Qp {
   QpInitAttr init_;
   QpAttr attr_;
   mutable SpinLock lock_;
+  bool sharing_window_ = false;  // counted in the context's rc_sending
 
   // Send queue
   std::vector<SendWqe> sq_;

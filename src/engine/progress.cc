@@ -40,7 +40,7 @@ int Progress::start() {
     ev.data.u32 = 2;
     if (epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) != 0) return errno;
   }
-  ctx_->set_kick([](void* self) { static_cast<Progress*>(self)->kick(); }, this);
+  ctx_->set_kick([](void* self, core::Nanos by) { static_cast<Progress*>(self)->kick(by); }, this);
   thread_ = std::thread([this] { run(); });
   return 0;
 }
@@ -59,9 +59,14 @@ void Progress::drain_wake_fd() {
   [[maybe_unused]] ssize_t r = read(wake_fd_, &v, sizeof v);
 }
 
-void Progress::kick() {
-  // Only a sleeping thread needs the syscall; a spinning one sees new deadlines on its own.
-  if (sleeping_.load(std::memory_order_seq_cst)) {
+void Progress::kick(core::Nanos by) {
+  // Only a sleeping thread needs the syscall, and only one that would sleep past the deadline; a spinning
+  // one sees new deadlines on its own. (Every post of ib_send_lat and ib_read_lat arms a timer: each kick
+  // was a write, a wake-up and a context switch on a machine whose cores the applications keep busy.)
+  // The sleeper publishes wake_at_ after it read the deadlines, so a timer armed after that read is
+  // compared with the real end of the sleep; before, wake_at_ is 0 and every kick wakes.
+  if (sleeping_.load(std::memory_order_seq_cst) &&
+      (by == 0 || by < wake_at_.load(std::memory_order_seq_cst))) {
     uint64_t one = 1;
     [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof one);
   }
@@ -126,9 +131,11 @@ void Progress::run() {
   while (!stop_.load(std::memory_order_relaxed)) {
     core::Nanos now = ctx_->now();
     if (ctx_->app_driving(now, kAppDriveWindow)) {
-      sleeping_.store(true, std::memory_order_release);
+      wake_at_.store(0, std::memory_order_seq_cst);
+      sleeping_.store(true, std::memory_order_seq_cst);
       // A backend whose packets need no syscall (io/shm) rings this thread's epoll only when asked to.
       const bool pending = ctx_->backend()->arm_wakeup();
+      wake_at_.store(pending ? 0 : now + core::Nanos{kAppDriveSleepMs} * 1'000'000, std::memory_order_seq_cst);
       epoll_event evs[4];
       const int n = epoll_wait(epfd_, evs, 4, pending ? 0 : kAppDriveSleepMs);
       ctx_->backend()->woke();
@@ -163,6 +170,7 @@ void Progress::run() {
     // Sleep until a packet, a kick or the next timer. The timers run once more first (only a driver runs
     // them; when another thread drives, that one does, and the deadline read below is what it leaves).
     // Asleep from here: a timer armed from now on kicks.
+    wake_at_.store(0, std::memory_order_seq_cst);
     sleeping_.store(true, std::memory_order_seq_cst);
     if (ctx_->drive(tx_, ctx_->now(), true) > 0) {
       sleeping_.store(false, std::memory_order_release);
@@ -176,6 +184,8 @@ void Progress::run() {
       timeout_ms = next_deadline <= now ? 0 : static_cast<int>((next_deadline - now + 999'999) / 1'000'000);
     }
     if (ctx_->backend()->arm_wakeup()) timeout_ms = 0;  // something came before the doorbell was asked for
+    wake_at_.store(timeout_ms < 0 ? core::Context::kNoTimer : ctx_->now() + core::Nanos{timeout_ms} * 1'000'000,
+                   std::memory_order_seq_cst);
     epoll_event evs[4];
     const int n = epoll_wait(epfd_, evs, 4, timeout_ms);
     ctx_->backend()->woke();

@@ -26,7 +26,7 @@ class Progress {
   ~Progress();  // stops and joins the thread
   int start();  // 0 or errno
   void stop();
-  void kick();  // wakes the thread (a timer was armed)
+  void kick(core::Nanos by);  // wakes the thread if it sleeps past `by` (0: in any case)
 
  private:
   void run();
@@ -39,6 +39,8 @@ class Progress {
   int wake_fd_ = -1;
   std::atomic<bool> stop_{false};
   std::atomic<bool> sleeping_{false};
+  // When the current sleep ends by itself (kNoTimer: never; 0: not known yet, so every kick wakes).
+  std::atomic<core::Nanos> wake_at_{0};
   std::thread thread_;
   io::TxBatch tx_;
 };

@@ -222,7 +222,7 @@ void Transport::completer(Qp& qp, PacketView pkt, io::TxBatch& tx, Nanos now) {
         counters.add(Counter::rnr_retries);
         go_back_n(qp);
         comp.rnr_deadline = now + rnr_delay_ns(syndrome_value(syndrome));
-        qp.ctx()->kick();
+        qp.ctx()->kick(comp.rnr_deadline);
         return;
       case AckType::kNak: {
         const uint8_t code = syndrome_value(syndrome);

@@ -82,7 +82,7 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
   if (qp.comp_.rnr_deadline) return;  // waiting out an RNR NAK
   const bool rc = qp.type() == QpType::kRc;
   const uint32_t pmtu = qp.pmtu_;
-  const uint32_t window = qp.ctx()->config().window;
+  const uint32_t window = qp.ctx()->window_for(pmtu);
 
   while (qp.req_.wqe < qp.sq_head_) {
     SendWqe& w = qp.sq_[qp.req_.wqe & qp.sq_mask_];
@@ -178,7 +178,10 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
     const bool se = last && (w.send_flags & kSendSolicited) &&
                     (w.opcode != WrOpcode::kRdmaWrite);
     bool ack_req = false;
-    if (rc) ack_req = last || ++qp.req_.noack_pkts > 64;
+    // An ACK is asked for at least 4 times per window: the responder ACKs only packets that ask (coalesced),
+    // so a window shrunk below the interval (many QPs share the context's budget) would stall until the
+    // retransmit timeout.
+    if (rc) ack_req = last || ++qp.req_.noack_pkts > std::min<uint32_t>(64, window / 4);
     const wire::Transport transport_type = qp.type() == QpType::kRc   ? wire::Transport::kRc
                                      : qp.type() == QpType::kUc ? wire::Transport::kUc
                                                                 : wire::Transport::kUd;

@@ -208,6 +208,55 @@ namespace {
 
 // Standard mode: one socket at UDP 4791 per address carries every QP, and peers are addressed at 4791
 // (as kernel Soft-RoCE and hardware expect); QPNs no longer name a port.
+// The context's in-flight budget is shared by its RC QPs in RTS (and only by those).
+TEST(Rc, SendWindowIsTheContextBudgetShared) {
+  QpOptions o;
+  o.inflight_budget = 256 * 1024;
+  Harness h({}, o);
+  EXPECT_EQ(h.a.ctx->window_for(1024), 256u);  // one sharer: the whole budget, within the window
+  EXPECT_EQ(h.a.ctx->window_for(4096), 64u);
+  core::Qp* first = h.a.qp;
+  core::QpInitAttr init = first->init();
+  h.a.qp = *h.a.ctx->create_qp(h.a.pd, init);
+  EXPECT_EQ(h.a.ctx->window_for(1024), 256u);  // not sending yet
+  h.connect(h.a, h.b);
+  EXPECT_EQ(h.a.ctx->window_for(1024), 128u);
+  EXPECT_EQ(h.a.ctx->window_for(4096), 32u);
+  core::QpAttr at;
+  at.qp_state = QpState::kErr;
+  ASSERT_EQ(h.a.qp->modify(at, kQpState), 0);
+  EXPECT_EQ(h.a.ctx->window_for(1024), 128u);  // an errored QP shares until it is reset or destroyed
+  at.qp_state = QpState::kReset;
+  ASSERT_EQ(h.a.qp->modify(at, kQpState), 0);
+  EXPECT_EQ(h.a.ctx->window_for(1024), 256u);
+  h.connect(h.a, h.b);
+  EXPECT_EQ(h.a.ctx->window_for(1024), 128u);
+  ASSERT_EQ(h.a.ctx->destroy_qp(h.a.qp), 0);
+  h.a.qp = first;
+  EXPECT_EQ(h.a.ctx->window_for(1024), 256u);
+  o.inflight_budget = 1024;
+  Harness tiny({}, o);
+  EXPECT_EQ(tiny.a.ctx->window_for(1024), core::Context::kMinWindow);
+}
+
+// A window shrunk to the least still flows: the requester asks for ACKs often enough that no packet
+// waits for the retransmit timer (with one AckReq per 64 packets, a 16-packet window stalled for it).
+TEST(Rc, SmallestWindowNeedsNoTimeout) {
+  QpOptions o;
+  o.inflight_budget = 1024;
+  Harness h({}, o);
+  ASSERT_EQ(h.a.ctx->window_for(1024), 16u);
+  const uint32_t len = 1 << 20;
+  fill(h.a.buf, 0, len, 7);
+  ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 0, len).remote(h.b, 0)), 0);
+  std::vector<Wc> wcs;
+  ASSERT_TRUE(h.wait(h.a, h.a.scq, 1, &wcs));
+  EXPECT_EQ(wcs[0].status, WcStatus::kSuccess);
+  EXPECT_TRUE(same(h.a, 0, h.b, 0, len));
+  EXPECT_EQ(h.a.counters.get(Counter::retry_timeouts), 0u);
+  EXPECT_EQ(h.a.counters.get(Counter::retransmits), 0u);
+}
+
 TEST(Rc, StandardPortMode) {
   QpOptions o;
   o.standard_port = true;

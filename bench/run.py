@@ -546,6 +546,8 @@ class Runner:
             if server.counters is not None and client.counters is not None:
                 tx = server.counters.get("tx_packets", 0) + client.counters.get("tx_packets", 0)
                 r["packets_per_op"] = tx / ops
+                direct = server.counters.get("direct_ops", 0) + client.counters.get("direct_ops", 0)
+                r["direct_per_op"] = direct / ops
                 r["retransmits"] = server.counters.get("retransmits", 0) + client.counters.get("retransmits", 0)
             if getattr(server, "syscalls", None) is not None:
                 r["syscalls_server"] = server.syscalls / ops
@@ -684,7 +686,8 @@ def syscall_subset(c, quick):
 # ---------------------------------------------------------------------------------------------------- #
 # Figures, targets, output.
 
-METRICS = ["bw", "rate", "lat_us", "lat_typical_us", "cpu_server_us", "cpu_client_us", "packets_per_op"]
+METRICS = ["bw", "rate", "lat_us", "lat_typical_us", "cpu_server_us", "cpu_client_us", "packets_per_op",
+           "direct_per_op"]
 
 
 def summary(case):
@@ -797,11 +800,11 @@ def table(cases, meta, tgts):
     w("each run's mean per operation (the statistic every tool reports); (median) is the run's median where the")
     w("tool reports one (perftest t_typical, UCX 50th percentile, floor-bench). Targets compare means.")
     w("CPU us/op per side (server/client) = process user+sys time / operations; pkts/op = packets sent by both")
-    w("softrdma processes / operations; sys/op = syscalls per operation from a separate pass of 1 run, "
+    w("softrdma processes / operations, +Nd: also N operations done one-sided, with no packet (same host); sys/op = syscalls per operation from a separate pass of 1 run, "
       f"counted by: {meta['syscalls']}.")
     w("")
     hdr = (f"{'case':34} {'size':>7} {'QPs':>3} {'GB/s':>22} {'MiB/s':>9} {'Mmsg/s':>9} {'latency us (mean)':>24} "
-           f"{'(median)':>8} {'CPU us/op srv/cli':>19} {'pkts/op':>7} {'sys/op srv/cli':>15}")
+           f"{'(median)':>8} {'CPU us/op srv/cli':>19} {'pkts/op':>11} {'sys/op srv/cli':>15}")
     for tool, title in (("softrdma", "softrdma: perftest on build/lib/libibverbs.so.1, device sr_lo (-x 1)"),
                         ("qperf", "qperf (TCP/UDP sockets on 127.0.0.1)"),
                         ("ucx", "UCX ucx_perftest (tcp on lo; posix = shared memory; cma = process_vm_writev)"),
@@ -825,10 +828,12 @@ def table(cases, meta, tgts):
             typ = fmt(med(c, "lat_typical_us"))
             cpu = f"{fmt(med(c, 'cpu_server_us'))}/{fmt(med(c, 'cpu_client_us'))}"
             pk = fmt(med(c, "packets_per_op"))
+            if med(c, "direct_per_op"):
+                pk += f"+{fmt(med(c, 'direct_per_op'))}d"
             sysc = (f"{fmt(s['syscalls_server']['median'])}/{fmt(s['syscalls_client']['median'])}"
                     if "syscalls_server" in s and "syscalls_client" in s else "-")
             w(f"  {c.label:32} {size_str(c.size):>7} {c.qps:>3} {bw:>22} {mib:>9} {rate:>9} {lat:>24} {typ:>8} {cpu:>19} "
-              f"{pk:>7} {sysc:>15}")
+              f"{pk:>11} {sysc:>15}")
         w("")
     # Side by side: the same size across tools (1 QP).
     bw_series = series(cases, "bw")
@@ -879,7 +884,7 @@ def series(cases, metric):
 def write_csv(path, cases):
     cols = ["id", "tool", "test", "transport", "variant", "size", "qps", "kind", "latency_convention", "run",
             "bw_bytes_per_sec", "msg_rate_per_sec", "lat_us", "lat_typical_us", "ops", "cpu_server_us_per_op",
-            "cpu_client_us_per_op", "packets_per_op", "retransmits", "syscalls_server_per_op",
+            "cpu_client_us_per_op", "packets_per_op", "direct_per_op", "retransmits", "syscalls_server_per_op",
             "syscalls_client_per_op", "error"]
     with open(path, "w", newline="") as f:
         wr = csv.writer(f)
@@ -894,6 +899,7 @@ def write_csv(path, cases):
                 wr.writerow([c.id, c.tool, c.test, c.transport, c.variant, c.size, c.qps, c.kind, c.rtt, run,
                              r.get("bw"), r.get("rate"), r.get("lat_us"), r.get("lat_typical_us"), r.get("ops"),
                              r.get("cpu_server_us"), r.get("cpu_client_us"), r.get("packets_per_op"),
+                             r.get("direct_per_op"),
                              r.get("retransmits"), r.get("syscalls_server"), r.get("syscalls_client"),
                              r.get("error", c.missing)])
 
@@ -992,6 +998,7 @@ def main():
             "units": {"bw": "bytes/s", "rate": "operations/s", "lat_us": "microseconds, mean per operation",
                       "lat_typical_us": "microseconds, the run's median", "cpu_*_us": "CPU microseconds per operation",
                       "packets_per_op": "packets sent by both softrdma processes per operation",
+                      "direct_per_op": "operations done one-sided (same host, no packet) per operation",
                       "syscalls_*": "syscalls per operation"}}
     runner = Runner(args, build, out)
     todo = [c for c in cases if not c.missing]

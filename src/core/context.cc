@@ -46,6 +46,7 @@ std::expected<Pd*, int> Context::alloc_pd() {
   if (!take_one(n_pd_, kMaxPd)) return std::unexpected(ENOMEM);
   Pd* pd = new Pd;
   pd->ctx = this;
+  pd->id = next_pd_id_.fetch_add(1, std::memory_order_relaxed) + 1;
   return pd;
 }
 
@@ -61,12 +62,19 @@ std::expected<Mr*, int> Context::reg_mr(Pd* pd, void* addr, uint64_t length, uin
   if ((access & (kRemoteWrite | kRemoteAtomic)) && !(access & kLocalWrite)) return std::unexpected(EINVAL);
   if (!addr && length) return std::unexpected(EINVAL);
   auto mr = mrs_.add(pd, addr, length, iova, access);
-  if (mr) pd->users.fetch_add(1);
+  if (mr) {
+    pd->users.fetch_add(1);
+    backend_->publish_mr({(*mr)->key, access, pd->id, iova, length, reinterpret_cast<uint64_t>(addr)});
+  }
   return mr;
 }
 
 int Context::dereg_mr(Mr* mr) {
   Pd* pd = mr->pd;
+  if (!mr->valid.load()) return EINVAL;
+  // Peers on this host stop reaching it first (this waits for their copies in flight), then this
+  // process's responders.
+  backend_->withdraw_mr(mr->key);
   if (int err = mrs_.remove(mr)) return err;
   pd->users.fetch_sub(1);
   return 0;
@@ -153,6 +161,7 @@ std::expected<Qp*, int> Context::create_qp(Pd* pd, const QpInitAttr& init) {
 }
 
 int Context::destroy_qp(Qp* qp) {
+  backend_->publish_qp({qp->qpn(), 0, 0, 0, false});
   {
     std::lock_guard g(mu_);
     blocks_[qp->qpn() >> 8].load()->qp[qp->qpn() & 0xFF].store(nullptr, std::memory_order_seq_cst);

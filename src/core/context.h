@@ -158,6 +158,7 @@ class Context {
   std::atomic<uint64_t> driver_gen_{0};
   std::atomic<bool> driving_{false};    // one receiver at a time (io backends allow one rx caller)
   std::atomic<uint32_t> rc_sending_{0};
+  std::atomic<uint32_t> next_pd_id_{0};
   std::atomic<Nanos> app_drive_ns_{0};  // when an application thread was last seen busy-polling
   static constexpr uint32_t kBusyPollRun = 64;
   static constexpr uint32_t kYieldAfterBlockedPolls = 64;

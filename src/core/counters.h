@@ -50,7 +50,9 @@ namespace softrdma {
   X(tx_shm_packets, "packets sent through shared memory (same host; also in tx_packets)") \
   X(rx_shm_packets, "packets received through shared memory (also in rx_packets)")    \
   X(drop_shm_ring_full, "dropped: the peer's shared-memory ring was full")             \
-  X(shm_doorbells, "wake-ups sent to a sleeping same-host peer")
+  X(shm_doorbells, "wake-ups sent to a sleeping same-host peer")                        \
+  X(direct_ops, "RDMA WRITEs and READs done in a same-host peer's memory directly (no packet)") \
+  X(direct_bytes, "bytes those moved")
 
 enum class Counter : uint32_t {
 #define SOFTRDMA_X(name, desc) name,

@@ -38,6 +38,7 @@ inline constexpr uint32_t kGrhLen = 40;
 
 struct Pd {
   Context* ctx = nullptr;
+  uint32_t id = 0;  // unique in its context (peers compare an MR's PD with a QP's by it: io/shm)
   std::atomic<uint32_t> users{0};  // MRs, QPs, SRQs and AHs that use it: dealloc is EBUSY until 0
   void* user_context = nullptr;
 };
@@ -153,9 +154,12 @@ class Cq {
   void* user_context = nullptr;
   std::atomic<uint32_t> users{0};  // QPs using it
   uint32_t events_completed = 0;   // ibv_ack_cq_events bookkeeping
+  // Calls of poll() so far (a hint: concurrent pollers may lose each other's counts).
+  uint32_t polls() const { return polls_.load(std::memory_order_relaxed); }
 
  private:
   uint32_t take(std::span<Wc> out);
+  std::atomic<uint32_t> polls_{0};
 
   Context* ctx_;
   CompChannel* channel_;

@@ -72,6 +72,12 @@ int Qp::modify(const QpAttr& attr, uint32_t mask) {
   if (err == 0 && before == QpState::kSqd && attr_.qp_state == QpState::kRts) run_requester(*this);
   share_window(type() == QpType::kRc && attr_.qp_state != QpState::kReset &&
                (sharing_window_ || attr_.qp_state == QpState::kRts));
+  if (err == 0 && type() == QpType::kRc) {
+    // What a same-host peer checks before it reads or writes this process's memory itself (io/shm).
+    const QpState s = attr_.qp_state;
+    ctx_->backend()->publish_qp({qpn_, attr_.qp_access_flags, pd_->id, attr_.dest_qp_num,
+                                 s == QpState::kRtr || s == QpState::kRts || s == QpState::kSqd});
+  }
   return err;
 }
 
@@ -161,7 +167,11 @@ int Qp::post_send(std::span<const SendWr> wrs, size_t* bad) {
   // come or the retransmit timer (armed while packets are out) to fire. Shallow pipelines, as every
   // latency test has, send at once.
   if (type() == QpType::kRc && wire::psn_diff(req_.psn, comp_.psn) >= kCorkInFlight) return 0;
+  const uint32_t polls = init_.send_cq->polls();
+  may_direct_ = wrs.size() == 1 && polls != send_cq_polls_;
+  send_cq_polls_ = polls;
   run_requester(*this);
+  may_direct_ = false;
   return 0;
 }
 

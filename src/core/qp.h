@@ -210,6 +210,12 @@ class Qp {
   QpAttr attr_;
   mutable SpinLock lock_;
   bool sharing_window_ = false;  // counted in the context's rc_sending
+  // The same-host one-sided path suits an application that waits for each operation (a latency test,
+  // a request-response protocol): a post of one WR after the send CQ was polled may take it. A stream of
+  // posts goes through the rings, which overlap the two processes' copies (measured, ib_write_bw same
+  // host: 1 MiB 25.6 GB/s through the rings, 14.8 one-sided; 8 B 3.0 M/s against 0.65).
+  uint32_t send_cq_polls_ = ~0u;
+  bool may_direct_ = false;
 
   // Send queue
   std::vector<SendWqe> sq_;

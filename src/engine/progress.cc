@@ -184,7 +184,7 @@ void Progress::run() {
       timeout_ms = next_deadline <= now ? 0 : static_cast<int>((next_deadline - now + 999'999) / 1'000'000);
     }
     if (ctx_->backend()->arm_wakeup()) timeout_ms = 0;  // something came before the doorbell was asked for
-    wake_at_.store(timeout_ms < 0 ? core::Context::kNoTimer : ctx_->now() + core::Nanos{timeout_ms} * 1'000'000,
+    wake_at_.store(timeout_ms < 0 ? core::Context::kNoTimer : ctx_->now() + static_cast<core::Nanos>(timeout_ms) * 1'000'000,
                    std::memory_order_seq_cst);
     epoll_event evs[4];
     const int n = epoll_wait(epfd_, evs, 4, timeout_ms);

@@ -11,6 +11,35 @@
 
 namespace softrdma::io {
 
+// The same-host one-sided path (io/shm/access_table.h): what a context publishes for its peers, and one
+// operation a requester asks a backend to carry out itself.
+struct MrInfo {
+  uint32_t key, access, pd;
+  uint64_t iova, length, addr;
+};
+struct QpInfo {
+  uint32_t qpn, access, pd, dest_qpn;
+  bool open;
+};
+
+// One contiguous piece of local memory (a gather or scatter list entry).
+struct LocalSeg {
+  void* addr;
+  uint64_t len;
+};
+
+// A one-sided operation for the direct path.
+struct DirectOp {
+  bool read;           // READ (peer -> local) or WRITE (local -> peer)
+  uint32_t src_qpn;    // the requesting QP (the peer QP must be connected to it)
+  uint32_t dest_qpn;
+  uint64_t va;
+  uint32_t rkey;
+  uint64_t length;
+  const LocalSeg* segs;
+  uint32_t nseg;
+};
+
 class Backend : public TxSink {
  public:
   // Opens a port (0 = any free one); returns its number or an errno.
@@ -30,6 +59,15 @@ class Backend : public TxSink {
   // A connected QP names its peer (control path): a backend may get ready to reach it now rather than at
   // the first packet (io/shm maps and claims its ring, which takes milliseconds).
   virtual void prepare_peer(const wire::Endpoint& /*dst*/) {}
+
+  // The same-host one-sided path. A backend that has it publishes the context's MRs and QPs (control path,
+  // serialised by the caller; withdraw_mr waits for peers' accesses in flight) and carries out a one-sided
+  // operation on a peer's memory itself: 0 when the data moved, -1 when it must go the ordinary way. The
+  // defaults have no such path.
+  virtual void publish_mr(const MrInfo& /*mr*/) {}
+  virtual void withdraw_mr(uint32_t /*key*/) {}
+  virtual void publish_qp(const QpInfo& /*qp*/) {}
+  virtual int direct(const wire::Endpoint& /*dst*/, const DirectOp& /*op*/) { return -1; }
 };
 
 }  // namespace softrdma::io

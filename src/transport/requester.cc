@@ -50,6 +50,16 @@ void attach_payload(io::TxPacket& p, const SendWqe& w, uint32_t offset, uint32_t
   }
 }
 
+bool try_direct(Qp& qp, const SendWqe& w) {
+  if ((w.opcode != WrOpcode::kRdmaWrite && w.opcode != WrOpcode::kRdmaRead) || w.length == 0 || w.num_seg == 0)
+    return false;
+  io::LocalSeg segs[kMaxSge];
+  for (uint32_t i = 0; i < w.num_seg; ++i) segs[i] = {w.seg[i].ptr, w.seg[i].len};
+  const io::DirectOp op{w.opcode == WrOpcode::kRdmaRead, qp.qpn(), qp.attr().dest_qp_num, w.remote_addr, w.rkey,
+                        w.length, segs, w.num_seg};
+  return qp.ctx()->backend()->direct(qp.peer(), op) == 0;
+}
+
 }  // namespace
 
 io::TxPacket& Transport::new_packet(Qp& qp, io::TxBatch& tx, const Endpoint& dst, uint8_t op, bool se,
@@ -109,6 +119,21 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
       if (rd_atomic && qp.req_.rd_atomic >= std::max<uint32_t>(1, qp.attr_.max_rd_atomic)) break;
       // A fenced WQE waits for every READ/ATOMIC before it to complete.
       if (qp.req_.offset == 0 && (w.send_flags & kSendFence) && qp.req_.rd_atomic > 0) break;
+      // The same-host one-sided path: with nothing else outstanding (so nothing is reordered), a WRITE or a
+      // READ is done here, in the peer's memory, after the checks its responder would make (io/shm/
+      // access_table.h). It uses no PSN and completes in order at once. Anything else goes on below.
+      if (qp.may_direct_ && !w.started && !sqd && qp.req_.offset == 0 && qp.comp_.wqe == qp.req_.wqe &&
+          qp.req_.psn == qp.comp_.psn && try_direct(qp, w)) {
+        qp.may_direct_ = false;
+        w.started = true;
+        w.first_psn = qp.req_.psn;
+        w.last_psn = psn_add(qp.req_.psn, kPsnMask);  // = psn - 1: no PSN used
+        w.done = true;
+        w.status = WcStatus::kSuccess;
+        ++qp.req_.wqe;
+        retire(qp);
+        continue;
+      }
     }
     const uint32_t npkts = (w.opcode == WrOpcode::kAtomicCmpAndSwp || w.opcode == WrOpcode::kAtomicFetchAndAdd)
                                ? 1

@@ -16,6 +16,7 @@
 #include <new>
 
 #include "io/proc.h"
+#include "io/shm/access_table.h"
 #include "wire/headers.h"
 
 namespace softrdma::io {
@@ -91,6 +92,10 @@ struct ShmIo::Peer {
   uint32_t epoch = 0;
   Ring ring;
   std::atomic<uint64_t> stalled_until{0};  // CLOCK_MONOTONIC ns: until then a full ring drops at once
+  // Its context's access table (the one-sided path): 0 not looked at yet, 1 mapped, -1 none or unusable.
+  std::atomic<int> acc_state{0};
+  void* acc_map = nullptr;
+  size_t acc_len = 0;
 };
 
 struct ShmIo::PeerSlot {
@@ -99,6 +104,86 @@ struct ShmIo::PeerSlot {
   std::atomic<Peer*> peer{nullptr};  // null: over UDP
   std::atomic<uint64_t> check_at{0};
 };
+
+bool ShmIo::direct_by_env() {
+  const char* v = getenv(kDirectEnv);
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+std::string ShmIo::access_path(int pid, uint32_t serial) const {
+  return cfg_.dir + "/" + kFilePrefix + std::to_string(netns_) + ".acc." + std::to_string(pid) + "." +
+         std::to_string(serial);
+}
+
+shm::AccessTable* ShmIo::access_table() {
+  if (!access_ && access_serial_ != 0 && !access_failed_) {
+    if (auto t = shm::AccessTable::create(access_path(pid_, access_serial_), pid_, start_time_, pidns_))
+      access_ = std::move(*t);
+    else
+      access_failed_ = true;  // peers find no file and use the rings
+  }
+  return access_.get();
+}
+
+void ShmIo::publish_mr(const MrInfo& mr) {
+  std::lock_guard lock(acc_mu_);
+  if (shm::AccessTable* t = access_table()) t->publish_mr(mr);
+}
+void ShmIo::withdraw_mr(uint32_t key) {
+  std::lock_guard lock(acc_mu_);
+  if (access_) access_->withdraw_mr(key);
+}
+void ShmIo::publish_qp(const QpInfo& qp) {
+  std::lock_guard lock(acc_mu_);
+  if (shm::AccessTable* t = qp.open ? access_table() : access_.get()) t->publish_qp(qp);
+}
+
+int ShmIo::direct(const wire::Endpoint& dst, const DirectOp& op) {
+  if (access_serial_ == 0) return -1;  // off in this process (SOFTRDMA_DIRECT=0, fault injection)
+  Peer* p = lookup(dst, coarse_now_ns());
+  if (p == nullptr) return -1;
+  int st = p->acc_state.load(std::memory_order_acquire);
+  if (st == 0) st = open_access(*p);
+  if (st < 0) return -1;
+  const int rc = shm::AccessTable::direct(p->acc_map, p->acc_len, p->hdr->pid, op);
+  if (rc == -2) p->acc_state.store(-1, std::memory_order_release);  // not permitted, or the peer is gone
+  if (rc == 0) {
+    counters_->add(Counter::direct_ops);
+    counters_->add(Counter::direct_bytes, op.length);
+  }
+  return rc == 0 ? 0 : -1;
+}
+
+// Maps the access table a peer's port file names, once (control path).
+int ShmIo::open_access(Peer& p) {
+  std::lock_guard lock(ctl_mu_);
+  int st = p.acc_state.load(std::memory_order_relaxed);
+  if (st != 0) return st;
+  st = -1;
+  const uint32_t serial = p.hdr->access_serial;
+  // A pid is only meaningful in our own pid namespace.
+  if (serial != 0 && p.hdr->pidns == pidns_) {
+    const int fd = open(access_path(p.hdr->pid, serial).c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    struct stat sb;
+    if (fd >= 0 && fstat(fd, &sb) == 0 && static_cast<size_t>(sb.st_size) == shm::AccessTable::file_bytes()) {
+      void* map = mmap(nullptr, sb.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (map != MAP_FAILED) {
+        const auto* h = static_cast<const shm::AccessHeader*>(map);
+        std::atomic_thread_fence(std::memory_order_acquire);
+        if (h->magic == shm::kAccessMagic && h->pid == p.hdr->pid && h->start_time == p.hdr->start_time) {
+          p.acc_map = map;
+          p.acc_len = sb.st_size;
+          st = 1;
+        } else {
+          munmap(map, sb.st_size);
+        }
+      }
+    }
+    if (fd >= 0) close(fd);
+  }
+  p.acc_state.store(st, std::memory_order_release);
+  return st;
+}
 
 bool ShmIo::enabled_by_env() {
   const char* v = getenv(kEnv);
@@ -130,6 +215,13 @@ std::expected<std::unique_ptr<ShmIo>, int> ShmIo::create(std::unique_ptr<UdpIo> 
     if (int err = io->udp_->add_poll_fd(io->faults_->timer_fd())) return std::unexpected(err);
   }
   collect_garbage(cfg.dir);
+  // The one-sided path: not under fault injection (its operations send no packet to lose), and not where
+  // the table cannot be made (then everything goes through the rings, as before it existed).
+  // The file is made when the first MR or QP is published (a context with neither needs none).
+  if (direct_by_env() && !io->faults_) {
+    static std::atomic<uint32_t> serial{0};
+    io->access_serial_ = serial.fetch_add(1, std::memory_order_relaxed) + 1;
+  }
   return io;
 }
 
@@ -138,6 +230,7 @@ ShmIo::~ShmIo() {
   for (auto& p : all_peers_) {
     give_back(*p);
     munmap(p->map, p->map_len);
+    if (p->acc_map != nullptr) munmap(p->acc_map, p->acc_len);
   }
   for (uint32_t i = 0, n = n_own_.load(); i < n; ++i) {
     OwnPort& o = own_[i];
@@ -233,6 +326,7 @@ int ShmIo::publish(OwnPort& o) {
   h->pid = pid_;
   h->start_time = start_time_;
   h->pidns = pidns_;
+  h->access_serial = access_serial_;
   // Until its receiver says otherwise it may be asleep: it opened this port after it armed (or never will).
   h->sleeping.store(1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);

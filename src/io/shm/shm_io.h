@@ -38,6 +38,7 @@
 
 #include "core/counters.h"
 #include "io/backend.h"
+#include "io/shm/access_table.h"
 #include "io/shm/shm_ring.h"
 #include "io/udp/fault_injector.h"
 #include "io/udp/udp_io.h"
@@ -47,6 +48,7 @@ namespace softrdma::io {
 class ShmIo : public Backend {
  public:
   static constexpr const char* kEnv = "SOFTRDMA_SHM";
+  static constexpr const char* kDirectEnv = "SOFTRDMA_DIRECT";  // "0": no one-sided path
   static constexpr const char* kFilePrefix = "softrdma-shm.";
   // How often a sender looks again at a peer it knows (a replaced or closed port file, a ring taken back).
   static constexpr uint64_t kRecheckNs = 200'000'000;
@@ -67,6 +69,8 @@ class ShmIo : public Backend {
 
   // Whether the environment asks for the path (SOFTRDMA_SHM unset or anything but "0").
   static bool enabled_by_env();
+  // Whether the environment allows the one-sided path (SOFTRDMA_DIRECT unset or anything but "0").
+  static bool direct_by_env();
   // Layers the path on `udp` (whose ports it publishes). `counters` may be null.
   static std::expected<std::unique_ptr<ShmIo>, int> create(std::unique_ptr<UdpIo> udp, Counters* counters,
                                                            const Config& cfg);
@@ -91,6 +95,11 @@ class ShmIo : public Backend {
   void woke() override { armed_.store(false, std::memory_order_relaxed); }
   // Also looks again at a peer it knows: a restarted process may have the port of a dead one.
   void prepare_peer(const wire::Endpoint& dst) override;
+  // The one-sided path (access_table.h).
+  void publish_mr(const MrInfo& mr) override;
+  void withdraw_mr(uint32_t key) override;
+  void publish_qp(const QpInfo& qp) override;
+  int direct(const wire::Endpoint& dst, const DirectOp& op) override;
 
   UdpIo* udp() const { return udp_.get(); }
   // The file that publishes `ep` in this context's namespace.
@@ -115,6 +124,8 @@ class ShmIo : public Backend {
   bool still_valid(const Peer& p) const;
   void give_back(Peer& p);
   void wake(Peer& p, uint16_t src_port);
+  int open_access(Peer& p);
+  std::string access_path(int pid, uint32_t serial) const;
   shm::Slot* claim_waiting(Peer& p, uint64_t* pos, uint16_t src_port, int64_t* budget);
 
   std::unique_ptr<UdpIo> udp_;
@@ -126,6 +137,12 @@ class ShmIo : public Backend {
   int pid_ = 0;
   uint64_t start_time_ = 0;
   std::unique_ptr<RxFaults> faults_;
+  // The one-sided path: this context's MRs and QPs for its peers, in a file made at the first publish.
+  shm::AccessTable* access_table();  // (under acc_mu_) null if off or the file could not be made
+  std::mutex acc_mu_;
+  std::unique_ptr<shm::AccessTable> access_;
+  bool access_failed_ = false;
+  uint32_t access_serial_ = 0;  // names the file; 0: the path is off
 
   // Receiving: published ports, filled in order (slots never reused), read without a lock.
   std::unique_ptr<OwnPort[]> own_;

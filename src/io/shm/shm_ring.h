@@ -77,7 +77,7 @@ struct PortHeader {
   uint64_t rings_offset;
   uint64_t ring_stride;  // ring_bytes(nslots), rounded up to a page
   int32_t pid;           // the receiving process
-  uint32_t reserved0;
+  uint32_t access_serial;  // names its context's access table (access_table.h); 0: none
   uint64_t start_time;
   uint64_t pidns;  // the pid namespace `pid` belongs to
   alignas(64) std::atomic<uint32_t> closed;    // 1: the port closed; senders look the peer up again

@@ -1,0 +1,203 @@
+#include "io/shm/access_table.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <new>
+#include <thread>
+
+namespace softrdma::io::shm {
+
+namespace {
+
+constexpr size_t kHeaderBytes = 4096;
+static_assert(sizeof(AccessHeader) <= kHeaderBytes);
+constexpr size_t kMrOffset = kHeaderBytes;
+constexpr size_t kQpOffset = kMrOffset + size_t{kMrSlots} * sizeof(SharedMr);
+constexpr size_t kFileBytes = (kQpOffset + size_t{kQpSlots} * sizeof(SharedQp) + 4095) & ~size_t{4095};
+
+SharedMr* mrs(void* map) { return reinterpret_cast<SharedMr*>(static_cast<uint8_t*>(map) + kMrOffset); }
+SharedQp* qps(void* map) { return reinterpret_cast<SharedQp*>(static_cast<uint8_t*>(map) + kQpOffset); }
+uint32_t mr_slot(uint32_t key) { return (key * 0x9E3779B1u) & (kMrSlots - 1); }
+
+uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000'000ull + uint64_t(ts.tv_nsec);
+}
+
+// A writer's bracket around an entry's fields (readers retry nothing: a change seen means "not now").
+template <class E>
+void begin_write(E& e) {
+  e.seq.fetch_add(1, std::memory_order_seq_cst);  // odd
+}
+template <class E>
+void end_write(E& e) {
+  e.seq.fetch_add(1, std::memory_order_release);  // even
+}
+
+template <class T>
+T ld(const std::atomic<T>& a) {
+  return a.load(std::memory_order_relaxed);
+}
+
+// Runs `read` (relaxed loads of an entry's fields) between two loads of the entry's sequence number:
+// false if the owner was rewriting the entry meanwhile (then the reader takes the ordinary way).
+template <class E, class F>
+bool stable_read(const E& e, F read) {
+  const uint32_t s1 = e.seq.load(std::memory_order_seq_cst);
+  read();
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return !(s1 & 1) && e.seq.load(std::memory_order_relaxed) == s1;
+}
+
+}  // namespace
+
+size_t AccessTable::file_bytes() { return kFileBytes; }
+
+std::expected<std::unique_ptr<AccessTable>, int> AccessTable::create(const std::string& path, int pid,
+                                                                     uint64_t start_time, uint64_t pidns) {
+  std::unique_ptr<AccessTable> t(new (std::nothrow) AccessTable());
+  if (!t) return std::unexpected(ENOMEM);
+  unlink(path.c_str());
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return std::unexpected(errno);
+  t->path_ = path;
+  t->fd_ = fd;  // the destructor closes and unlinks from here on
+  if (flock(fd, LOCK_SH) != 0 || ftruncate(fd, static_cast<off_t>(kFileBytes)) != 0) return std::unexpected(errno);
+  if (int err = posix_fallocate(fd, 0, static_cast<off_t>(kFileBytes))) return std::unexpected(err);
+  void* map = mmap(nullptr, kFileBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED) return std::unexpected(errno);
+  t->map_ = map;
+  t->len_ = kFileBytes;
+  auto* h = static_cast<AccessHeader*>(map);
+  h->version = kAccessVersion;
+  h->mr_slots = kMrSlots;
+  h->qp_slots = kQpSlots;
+  h->pid = pid;
+  h->start_time = start_time;
+  h->pidns = pidns;
+  std::atomic_thread_fence(std::memory_order_release);
+  reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->store(kAccessMagic, std::memory_order_release);
+  return t;
+}
+
+AccessTable::~AccessTable() {
+  if (map_) munmap(map_, len_);
+  if (fd_ >= 0) {
+    unlink(path_.c_str());
+    close(fd_);
+  }
+}
+
+void AccessTable::publish_mr(const MrInfo& m) {
+  SharedMr* t = mrs(map_);
+  for (uint32_t s = mr_slot(m.key), n = 0; n < kMaxProbe; s = (s + 1) & (kMrSlots - 1), ++n) {
+    SharedMr& e = t[s];
+    if (e.state.load(std::memory_order_relaxed) == 1) continue;
+    begin_write(e);
+    e.key.store(m.key, std::memory_order_relaxed);
+    e.access.store(m.access, std::memory_order_relaxed);
+    e.pd.store(m.pd, std::memory_order_relaxed);
+    e.iova.store(m.iova, std::memory_order_relaxed);
+    e.length.store(m.length, std::memory_order_relaxed);
+    e.addr.store(m.addr, std::memory_order_relaxed);
+    e.state.store(1, std::memory_order_relaxed);
+    end_write(e);
+    return;
+  }
+  // No room near its slot: peers cannot find this MR, so they use the ordinary path for it.
+}
+
+void AccessTable::withdraw_mr(uint32_t key) {
+  SharedMr* t = mrs(map_);
+  for (uint32_t s = mr_slot(key), n = 0; n < kMaxProbe; s = (s + 1) & (kMrSlots - 1), ++n) {
+    SharedMr& e = t[s];
+    const uint32_t st = e.state.load(std::memory_order_relaxed);
+    if (st == 0) return;
+    if (st != 1 || e.key.load(std::memory_order_relaxed) != key) continue;
+    begin_write(e);
+    e.state.store(2, std::memory_order_seq_cst);
+    end_write(e);
+    // Readers announce themselves in `inflight` before they re-check the entry: once the count is zero, no
+    // one can still copy into or out of the region.
+    const uint64_t deadline = now_ns() + kDeregWaitNs;
+    while (e.inflight.load(std::memory_order_seq_cst) != 0 && now_ns() < deadline) std::this_thread::yield();
+    return;
+  }
+}
+
+void AccessTable::publish_qp(const QpInfo& q) {
+  SharedQp& e = qps(map_)[q.qpn & (kQpSlots - 1)];
+  const uint32_t cur = e.qpn.load(std::memory_order_relaxed);
+  if (cur != 0 && cur != q.qpn && e.open.load(std::memory_order_relaxed)) return;  // taken: no direct path
+  begin_write(e);
+  e.qpn.store(q.open ? q.qpn : 0, std::memory_order_relaxed);
+  e.open.store(q.open ? 1 : 0, std::memory_order_relaxed);
+  e.access.store(q.access, std::memory_order_relaxed);
+  e.pd.store(q.pd, std::memory_order_relaxed);
+  e.dest_qpn.store(q.dest_qpn, std::memory_order_relaxed);
+  end_write(e);
+}
+
+int AccessTable::direct(void* map, size_t len, int pid, const DirectOp& op) {
+  if (!map || len < kFileBytes || op.length == 0 || op.nseg == 0 || op.nseg > 32) return -1;
+  const auto* h = static_cast<const AccessHeader*>(map);
+  if (reinterpret_cast<const std::atomic<uint64_t>*>(&h->magic)->load(std::memory_order_acquire) != kAccessMagic ||
+      h->version != kAccessVersion || h->pid != pid)
+    return -1;
+  const uint32_t need = op.read ? kAccRemoteRead : kAccRemoteWrite;
+
+  // The QP, as its responder would check it.
+  const SharedQp& q = qps(map)[op.dest_qpn & (kQpSlots - 1)];
+  QpInfo qi;
+  if (!stable_read(q, [&] { qi = {ld(q.qpn), ld(q.access), ld(q.pd), ld(q.dest_qpn), ld(q.open) != 0}; }))
+    return -1;
+  if (qi.qpn != op.dest_qpn || !qi.open || qi.dest_qpn != op.src_qpn || !(qi.access & need)) return -1;
+
+  // The MR.
+  SharedMr* t = mrs(map);
+  for (uint32_t s = mr_slot(op.rkey), n = 0; n < kMaxProbe; s = (s + 1) & (kMrSlots - 1), ++n) {
+    SharedMr& e = t[s];
+    const uint32_t st = e.state.load(std::memory_order_acquire);
+    if (st == 0) return -1;
+    if (st != 1 || e.key.load(std::memory_order_relaxed) != op.rkey) continue;
+    e.inflight.fetch_add(1, std::memory_order_seq_cst);
+    int rc = -1;
+    MrInfo m;
+    uint32_t state = 0;
+    const bool stable = stable_read(e, [&] {
+      m = {ld(e.key), ld(e.access), ld(e.pd), ld(e.iova), ld(e.length), ld(e.addr)};
+      state = ld(e.state);
+    });
+    const uint64_t iova = m.iova, length = m.length, addr = m.addr;
+    if (stable && state == 1 && m.key == op.rkey && m.pd == qi.pd && (m.access & need) && op.va >= iova &&
+        op.va - iova <= length && op.length <= length - (op.va - iova)) {
+      iovec local[32];
+      uint64_t total = 0;
+      for (uint32_t i = 0; i < op.nseg; ++i) {
+        local[i] = {op.segs[i].addr, op.segs[i].len};
+        total += op.segs[i].len;
+      }
+      iovec remote{reinterpret_cast<void*>(addr + (op.va - iova)), op.length};
+      if (total == op.length) {
+        const ssize_t r = op.read ? process_vm_readv(pid, local, op.nseg, &remote, 1, 0)
+                                  : process_vm_writev(pid, local, op.nseg, &remote, 1, 0);
+        if (r == static_cast<ssize_t>(op.length))
+          rc = 0;
+        else if (r < 0 && (errno == EPERM || errno == ENOSYS || errno == ESRCH))
+          rc = -2;
+      }
+    }
+    e.inflight.fetch_sub(1, std::memory_order_seq_cst);
+    return rc;
+  }
+  return -1;
+}
+
+}  // namespace softrdma::io::shm

@@ -1,0 +1,164 @@
+// The same-host one-sided path (io/shm/access_table.h) through the native API on sr_lo: a WRITE or READ
+// posted alone, with nothing outstanding, moves its data in the peer's memory with no packet; every check
+// the responder would make still holds (a failed one sends the request the ordinary way, whose responder
+// NAKs it); a stream of posts goes through the rings.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "softrdma/connect.h"
+#include "softrdma/softrdma.h"
+#include "util/wr.h"
+
+namespace softrdma {
+namespace {
+
+bool direct_path_on() {
+  for (const char* var : {"SOFTRDMA_SHM", "SOFTRDMA_DIRECT"})
+    if (const char* v = std::getenv(var); v && std::strcmp(v, "0") == 0) return false;
+  return std::getenv("SOFTRDMA_FAULTS") == nullptr;
+}
+
+struct Pair {
+  std::unique_ptr<Context> ctx;
+  std::unique_ptr<ProtectionDomain> pd, pd2;
+  std::unique_ptr<CompletionQueue> cq;
+  std::unique_ptr<QueuePair> a, b;
+  std::vector<uint8_t> src = std::vector<uint8_t>(1 << 20), dst = std::vector<uint8_t>(1 << 20);
+  std::unique_ptr<MemoryRegion> smr, dmr;
+
+  explicit Pair(uint32_t b_access = kLocalWrite | kRemoteWrite | kRemoteRead, uint32_t dmr_access = kLocalWrite |
+                                                                                                     kRemoteWrite |
+                                                                                                     kRemoteRead) {
+    ctx = std::move(*Context::open("sr_lo"));
+    pd = *ctx->alloc_pd();
+    pd2 = *ctx->alloc_pd();
+    cq = *ctx->create_cq(64);
+    smr = *pd->reg_mr(src.data(), src.size(), kLocalWrite);
+    dmr = *pd->reg_mr(dst.data(), dst.size(), dmr_access);
+    QpInit init;
+    init.send_cq = init.recv_cq = cq.get();
+    a = *pd->create_qp(init);
+    b = *pd->create_qp(init);
+    PeerInfo ia = local_info(*ctx, *a, nullptr), ib = local_info(*ctx, *b, dmr.get());
+    ConnectOptions oa, ob;
+    ob.access = b_access;
+    EXPECT_TRUE(connect_qp(*ctx, *a, ia, ib, oa));
+    EXPECT_TRUE(connect_qp(*ctx, *b, ib, ia, ob));
+  }
+  uint64_t direct_ops() { return ctx->counters().get(Counter::direct_ops); }
+  uint64_t tx_packets() { return ctx->counters().get(Counter::tx_packets); }
+  Wc wait() {
+    Wc wc;
+    for (int i = 0; i < 5'000'000; ++i)
+      if (cq->poll(std::span(&wc, 1)) == 1) return wc;
+    ADD_FAILURE() << "no completion";
+    return wc;
+  }
+  SendWr op(WrOpcode opcode, const Sge& s, uint64_t off, uint32_t rkey) {
+    SendWr wr = testutil::signaled_write(s, reinterpret_cast<uint64_t>(dst.data()) + off, rkey, off);
+    wr.opcode = opcode;
+    return wr;
+  }
+};
+
+TEST(Direct, WriteAndReadMoveTheDataWithoutPackets) {
+  if (!direct_path_on()) GTEST_SKIP() << "the same-host path is turned off in this environment";
+  Pair p;
+  for (size_t i = 0; i < p.src.size(); ++i) p.src[i] = static_cast<uint8_t>(i * 7 + 1);
+  uint64_t ops = p.direct_ops();
+  const uint64_t packets = p.tx_packets();
+  for (uint32_t len : {1u, 4096u, 100'000u, 1u << 20}) {
+    SCOPED_TRACE(len);
+    std::fill(p.dst.begin(), p.dst.end(), 0);
+    Sge s = p.smr->sge(0, len);
+    ASSERT_TRUE(p.a->post_send(p.op(WrOpcode::kRdmaWrite, s, 0, p.dmr->rkey())));
+    Wc wc = p.wait();
+    EXPECT_EQ(wc.status, WcStatus::kSuccess);
+    EXPECT_EQ(wc.opcode, WcOpcode::kRdmaWrite);
+    EXPECT_EQ(std::memcmp(p.dst.data(), p.src.data(), len), 0);
+    EXPECT_EQ(p.direct_ops(), ++ops);
+  }
+  // READ: the peer's bytes into the local buffer (at an offset into the remote MR).
+  std::memset(p.src.data(), 0, 5000);
+  Sge s = p.smr->sge(0, 5000);
+  ASSERT_TRUE(p.a->post_send(p.op(WrOpcode::kRdmaRead, s, 1000, p.dmr->rkey())));
+  Wc wc = p.wait();
+  EXPECT_EQ(wc.status, WcStatus::kSuccess);
+  EXPECT_EQ(wc.opcode, WcOpcode::kRdmaRead);
+  EXPECT_EQ(wc.byte_len, 5000u);
+  EXPECT_EQ(std::memcmp(p.src.data(), p.dst.data() + 1000, 5000), 0);
+  EXPECT_EQ(p.direct_ops(), ++ops);
+  EXPECT_EQ(p.tx_packets(), packets) << "a one-sided operation on the same host sends nothing";
+}
+
+TEST(Direct, AStreamOfPostsGoesThroughTheRings) {
+  if (!direct_path_on()) GTEST_SKIP() << "the same-host path is turned off in this environment";
+  Pair p;
+  const uint64_t ops = p.direct_ops();
+  Sge s = p.smr->sge(0, 64);
+  SendWr wrs[2] = {p.op(WrOpcode::kRdmaWrite, s, 0, p.dmr->rkey()), p.op(WrOpcode::kRdmaWrite, s, 64, p.dmr->rkey())};
+  ASSERT_TRUE(p.a->post_send(std::span<const SendWr>(wrs, 2)));  // two in one call
+  EXPECT_EQ(p.wait().status, WcStatus::kSuccess);
+  EXPECT_EQ(p.wait().status, WcStatus::kSuccess);
+  EXPECT_EQ(p.direct_ops(), ops);
+  ASSERT_TRUE(p.a->post_send(wrs[0]));  // alone, after polls: one-sided
+  EXPECT_EQ(p.direct_ops(), ops + 1);
+  ASSERT_TRUE(p.a->post_send(wrs[1]));  // no poll since the last post: a stream
+  EXPECT_EQ(p.wait().status, WcStatus::kSuccess);
+  EXPECT_EQ(p.wait().status, WcStatus::kSuccess);
+  EXPECT_EQ(p.direct_ops(), ops + 1);
+}
+
+// Each check of the responder, failed: the operation goes the ordinary way and its responder NAKs it (as
+// rxe: an operation the QP does not allow is an invalid request, a bad key, range, PD or MR access a
+// remote access error), and the destination is untouched.
+TEST(Direct, EveryResponderCheckStillHolds) {
+  if (!direct_path_on()) GTEST_SKIP() << "the same-host path is turned off in this environment";
+  struct Case {
+    const char* what;
+    uint32_t b_access, dmr_access;
+    int how;  // 0 as built, 1 wrong rkey, 2 past the end, 3 deregistered, 4 an MR of another PD
+    WrOpcode op;
+    WcStatus want = WcStatus::kRemAccessErr;
+  };
+  const uint32_t all = kLocalWrite | kRemoteWrite | kRemoteRead;
+  for (const Case& c : {Case{"QP without remote write", kLocalWrite | kRemoteRead, all, 0, WrOpcode::kRdmaWrite,
+                             WcStatus::kRemInvReqErr},
+                        Case{"QP without remote read", kLocalWrite | kRemoteWrite, all, 0, WrOpcode::kRdmaRead,
+                             WcStatus::kRemInvReqErr},
+                        Case{"MR without remote write", all, kLocalWrite | kRemoteRead, 0, WrOpcode::kRdmaWrite},
+                        Case{"MR without remote read", all, kLocalWrite | kRemoteWrite, 0, WrOpcode::kRdmaRead},
+                        Case{"wrong rkey", all, all, 1, WrOpcode::kRdmaWrite},
+                        Case{"past the end", all, all, 2, WrOpcode::kRdmaWrite},
+                        Case{"deregistered", all, all, 3, WrOpcode::kRdmaWrite},
+                        Case{"MR of another PD", all, all, 4, WrOpcode::kRdmaWrite}}) {
+    SCOPED_TRACE(c.what);
+    Pair p(c.b_access, c.dmr_access);
+    std::fill(p.src.begin(), p.src.end(), 0xAB);
+    uint32_t rkey = p.dmr->rkey();
+    uint64_t off = 0;
+    std::unique_ptr<MemoryRegion> other;
+    if (c.how == 1) rkey ^= 0x100;
+    if (c.how == 2) off = p.dst.size() - 8;
+    if (c.how == 3) p.dmr.reset();
+    if (c.how == 4) {
+      other = *p.pd2->reg_mr(p.dst.data(), p.dst.size(), all);
+      rkey = other->rkey();
+    }
+    const uint64_t ops = p.direct_ops();
+    Sge s = p.smr->sge(0, 64);
+    ASSERT_TRUE(p.a->post_send(p.op(c.op, s, off, rkey)));
+    Wc wc = p.wait();
+    EXPECT_EQ(wc.status, c.want);
+    EXPECT_EQ(p.direct_ops(), ops);
+    if (c.op == WrOpcode::kRdmaWrite) {
+      EXPECT_EQ(p.dst[off], 0) << "the destination was written";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace softrdma

@@ -1,0 +1,97 @@
+// The access table of the same-host one-sided path on its own: what a reader finds, what it refuses, and
+// that withdrawing an MR waits for a reader's access in flight.
+#include "io/shm/access_table.h"
+
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace softrdma::io::shm {
+namespace {
+
+struct Table {
+  std::string path = "/dev/shm/softrdma-acc-test." + std::to_string(getpid());
+  std::unique_ptr<AccessTable> t = std::move(*AccessTable::create(path, getpid(), 1, 2));
+  std::vector<uint8_t> mem = std::vector<uint8_t>(8192, 0);
+  std::vector<uint8_t> src = std::vector<uint8_t>(8192, 0x5A);
+
+  Table() {
+    t->publish_qp({.qpn = 0x12345, .access = kAccRemoteWrite | kAccRemoteRead, .pd = 3, .dest_qpn = 0x777,
+                   .open = true});
+    t->publish_mr({.key = 0xABCD01, .access = kAccRemoteWrite | kAccRemoteRead, .pd = 3, .iova = 0x100000,
+                   .length = mem.size(), .addr = reinterpret_cast<uint64_t>(mem.data())});
+  }
+  int write(uint64_t va, uint64_t len, uint32_t rkey = 0xABCD01, uint32_t src_qpn = 0x777,
+            uint32_t dest_qpn = 0x12345) {
+    LocalSeg seg{src.data(), len};
+    DirectOp op{false, src_qpn, dest_qpn, va, rkey, len, &seg, 1};
+    return AccessTable::direct(t->map(), AccessTable::file_bytes(), getpid(), op);
+  }
+  SharedMr* entry(uint32_t key) {  // the reader's view of an MR entry, found as a reader finds it
+    auto* base = reinterpret_cast<SharedMr*>(static_cast<uint8_t*>(t->map()) + 4096);
+    for (uint32_t i = 0; i < kMrSlots; ++i)
+      if (base[i].state.load() == 1 && base[i].key.load() == key) return &base[i];
+    return nullptr;
+  }
+};
+
+TEST(AccessTable, ReaderChecksQpMrAndRange) {
+  Table x;
+  EXPECT_EQ(x.write(0x100000 + 100, 50), 0);
+  EXPECT_EQ(x.mem[100], 0x5A);
+  EXPECT_EQ(x.mem[150], 0);
+  EXPECT_EQ(x.write(0x100000 + 8192 - 10, 10), 0);  // up to the last byte
+  EXPECT_EQ(x.write(0x100000 + 8192 - 10, 11), -1);  // one past it
+  EXPECT_EQ(x.write(0x100000 - 1, 10), -1);           // below it
+  EXPECT_EQ(x.write(0x100000, 10, 0xABCD02), -1);     // unknown key
+  EXPECT_EQ(x.write(0x100000, 10, 0xABCD01, 0x778), -1);  // not the QP's peer
+  EXPECT_EQ(x.write(0x100000, 10, 0xABCD01, 0x777, 0x12346), -1);  // no such QP
+  EXPECT_EQ(x.write(0x100000, 0), -1);  // zero length: the ordinary way
+  x.t->publish_qp({.qpn = 0x12345, .access = kAccRemoteRead, .pd = 3, .dest_qpn = 0x777, .open = true});
+  EXPECT_EQ(x.write(0x100000, 10), -1);  // the QP no longer allows writes
+  x.t->publish_qp({.qpn = 0x12345, .access = kAccRemoteWrite, .pd = 4, .dest_qpn = 0x777, .open = true});
+  EXPECT_EQ(x.write(0x100000, 10), -1);  // another PD than the MR's
+  x.t->publish_qp({.qpn = 0x12345, .access = kAccRemoteWrite, .pd = 3, .dest_qpn = 0x777, .open = false});
+  EXPECT_EQ(x.write(0x100000, 10), -1);  // closed
+  x.t->publish_qp({.qpn = 0x12345, .access = kAccRemoteWrite, .pd = 3, .dest_qpn = 0x777, .open = true});
+  EXPECT_EQ(x.write(0x100000, 10), 0);
+  x.t->withdraw_mr(0xABCD01);
+  EXPECT_EQ(x.write(0x100000, 10), -1);
+}
+
+TEST(AccessTable, WithdrawWaitsForAnAccessInFlight) {
+  Table x;
+  SharedMr* e = x.entry(0xABCD01);
+  ASSERT_NE(e, nullptr);
+  e->inflight.fetch_add(1);  // a reader between its check and its copy
+  std::atomic<bool> done{false};
+  std::thread t([&] {
+    x.t->withdraw_mr(0xABCD01);
+    done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(done.load()) << "withdraw_mr returned while an access was in flight";
+  EXPECT_EQ(x.write(0x100000, 10), -1) << "a new reader got in after the withdrawal began";
+  e->inflight.fetch_sub(1);
+  t.join();
+  EXPECT_TRUE(done.load());
+}
+
+TEST(AccessTable, FileIsRemovedWithItsOwner) {
+  std::string path;
+  {
+    Table x;
+    path = x.path;
+    EXPECT_EQ(access(path.c_str(), F_OK), 0);
+  }
+  EXPECT_NE(access(path.c_str(), F_OK), 0);
+}
+
+}  // namespace
+}  // namespace softrdma::io::shm

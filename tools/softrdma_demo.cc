@@ -351,10 +351,12 @@ int client(const Options& o, const char* host, uint16_t port) {
               size_str(max_size).c_str(), bad ? "MISMATCHES" : "every byte and atomic result", static_cast<unsigned long>(report[0]),
               static_cast<unsigned long>(report[1]), report[2] ? "MISMATCHES" : "all correct");
   Counters& k = s.ctx->counters();
-  std::printf("client counters: %lu packets sent, %lu received, %lu retransmitted\n",
+  std::printf("client counters: %lu packets sent, %lu received, %lu retransmitted, %lu operations one-sided "
+              "(same host, no packet)\n",
               static_cast<unsigned long>(k.get(Counter::tx_packets)),
               static_cast<unsigned long>(k.get(Counter::rx_packets)),
-              static_cast<unsigned long>(k.get(Counter::retransmits)));
+              static_cast<unsigned long>(k.get(Counter::retransmits)),
+              static_cast<unsigned long>(k.get(Counter::direct_ops)));
   if (o.verbose) print_counters("client", k);
   return bad || report[2] ? 1 : 0;
 }

@@ -479,6 +479,14 @@ int progress(Socket* s) {
   return n;
 }
 
+// Whether progress() changed anything a waiting loop looks at: completions taken, or a CM event that
+// moved the socket (the ESTABLISHED of an accepted socket can come right then; a loop that went on to
+// wait_progress would then sleep for an event that had already been taken).
+bool progressed(Socket* s) {
+  const St before = s->st;
+  return progress(s) > 0 || s->st != before;
+}
+
 void drain_cq_events(Socket* s) {
   ibv_cq* cq;
   void* ctx;
@@ -493,10 +501,10 @@ void wait_progress(Socket* s, std::unique_lock<std::mutex>& lk, int timeout_ms =
   if (s->cq) {
     const int64_t t0 = now_ns();
     do {
-      if (progress(s)) return;
+      if (progressed(s)) return;
     } while (now_ns() - t0 < kSpinNs);
     ibv_req_notify_cq(s->cq, 0);
-    if (progress(s)) return;
+    if (progressed(s)) return;
   }
   pollfd p[2] = {{s->ch->fd, POLLIN, 0}, {s->cch ? s->cch->fd : -1, POLLIN, 0}};
   lk.unlock();
@@ -585,7 +593,7 @@ int announce_maps(Socket* s, std::unique_lock<std::mutex>& lk, bool nb) {
     if (m.announced || m.slot < 0) continue;
     while (s->st != St::kConnected || s->sq_free <= kCtrlReserve) {
       if (!writable(s)) return fail_errno(ECONNRESET);
-      if (progress(s)) continue;
+      if (progressed(s)) continue;
       if (nb) return fail_errno(EWOULDBLOCK);
       wait_progress(s, lk);
     }
@@ -624,7 +632,7 @@ ssize_t send_iov(Socket* s, const iovec* iov, int iovcnt, int flags, const socka
       }
       const uint32_t n = sendable(s, left);
       if (!n) {
-        if (progress(s)) continue;
+        if (progressed(s)) continue;
         if (nb) {
           if (total) return static_cast<ssize_t>(total);
           return would_block();
@@ -1346,7 +1354,7 @@ SR_EXPORT size_t riowrite(int fd, const void* buf, size_t count, off_t offset, i
       if (n > s->o.inline_size) n = sbuf_fit(s, n);
     }
     if (!n) {
-      if (progress(s)) continue;
+      if (progressed(s)) continue;
       if (nb) {
         ret = fail_errno(EWOULDBLOCK);
         break;

@@ -56,6 +56,8 @@ class Backend : public TxSink {
   virtual bool arm_wakeup() { return false; }
   // Called by that receiver when it wakes up.
   virtual void woke() {}
+  // Whether packets wake a sleeping receiver only after arm_wakeup (io/shm's doorbells).
+  virtual bool wakes_by_doorbell() const { return false; }
   // A connected QP names its peer (control path): a backend may get ready to reach it now rather than at
   // the first packet (io/shm maps and claims its ring, which takes milliseconds).
   virtual void prepare_peer(const wire::Endpoint& /*dst*/) {}

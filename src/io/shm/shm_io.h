@@ -93,6 +93,7 @@ class ShmIo : public Backend {
   const wire::Gid& local_addr() const override { return udp_->local_addr(); }
   bool arm_wakeup() override;
   void woke() override { armed_.store(false, std::memory_order_relaxed); }
+  bool wakes_by_doorbell() const override { return true; }
   // Also looks again at a peer it knows: a restarted process may have the port of a dead one.
   void prepare_peer(const wire::Endpoint& dst) override;
   // The one-sided path (access_table.h).

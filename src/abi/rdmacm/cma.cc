@@ -117,10 +117,10 @@ int route_source(const sockaddr* dst, sockaddr_storage* src) {
   return err;
 }
 
-// In synchronous mode, waits for the id's next event and turns a failure into errno (rdma-core's
-// ucma_complete).
+// For a synchronous id: waits for its next event and turns a failure into errno (rdma-core's
+// ucma_complete). Callers read `sync` when they begin: an asynchronous id's event thread may destroy it as
+// soon as the request is out (cmtime's server did, under TSan: rdma_accept read the freed id here).
 int complete(Id* id) {
-  if (!id->sync) return 0;
   if (id->id.event) {
     rdma_ack_cm_event(id->id.event);
     id->id.event = nullptr;
@@ -481,6 +481,7 @@ SR_EXPORT int rdma_bind_addr(rdma_cm_id* cm_id, sockaddr* addr) {
 SR_EXPORT int rdma_resolve_addr(rdma_cm_id* cm_id, sockaddr* src, sockaddr* dst, int timeout_ms) {
   if (!cm_id || !dst || (dst->sa_family != AF_INET && dst->sa_family != AF_INET6)) return fail(EINVAL);
   Id* id = to_id(cm_id);
+  const bool sync = id->sync;  // read on entry (see complete())
   {
     std::lock_guard lk(mu());
     if (id->state != State::kIdle && id->state != State::kBound) return fail(EINVAL);
@@ -510,12 +511,13 @@ SR_EXPORT int rdma_resolve_addr(rdma_cm_id* cm_id, sockaddr* src, sockaddr* dst,
     if (!status) id->state = State::kAddrResolved;
     queue_event(new_event(id, status ? RDMA_CM_EVENT_ADDR_ERROR : RDMA_CM_EVENT_ADDR_RESOLVED, status));
   }
-  return complete(id);
+  return sync ? complete(id) : 0;
 }
 
 SR_EXPORT int rdma_resolve_route(rdma_cm_id* cm_id, int timeout_ms) {
   if (!cm_id) return fail(EINVAL);
   Id* id = to_id(cm_id);
+  const bool sync = id->sync;  // read on entry (see complete())
   {
     std::lock_guard lk(mu());
     if (id->state != State::kAddrResolved) return fail(EINVAL);
@@ -540,7 +542,7 @@ SR_EXPORT int rdma_resolve_route(rdma_cm_id* cm_id, int timeout_ms) {
     id->state = State::kRouteResolved;
     queue_event(new_event(id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0));
   }
-  return complete(id);
+  return sync ? complete(id) : 0;
 }
 
 SR_EXPORT __be16 rdma_get_src_port(rdma_cm_id* id) { return port_of(&id->route.addr.src_addr); }
@@ -794,6 +796,7 @@ SR_EXPORT void rdma_destroy_srq(rdma_cm_id* cm_id) {
 SR_EXPORT int rdma_connect(rdma_cm_id* cm_id, rdma_conn_param* param) {
   if (!cm_id) return fail(EINVAL);
   Id* id = to_id(cm_id);
+  const bool sync = id->sync;  // read on entry (see complete())
   const bool ud = cm_id->qp_type == IBV_QPT_UD;
   {
     std::lock_guard lk(mu());
@@ -831,7 +834,7 @@ SR_EXPORT int rdma_connect(rdma_cm_id* cm_id, rdma_conn_param* param) {
     id->retry_delay_ms = 0;
     start_connect(id);
   }
-  return complete(id);
+  return sync ? complete(id) : 0;
 }
 
 SR_EXPORT int rdma_listen(rdma_cm_id* cm_id, int backlog) {
@@ -887,6 +890,7 @@ SR_EXPORT int rdma_get_request(rdma_cm_id* listen, rdma_cm_id** out) {
 SR_EXPORT int rdma_accept(rdma_cm_id* cm_id, rdma_conn_param* param) {
   if (!cm_id) return fail(EINVAL);
   Id* id = to_id(cm_id);
+  const bool sync = id->sync;  // read on entry (see complete())
   const bool ud = cm_id->qp_type == IBV_QPT_UD;
   {
     std::lock_guard lk(mu());
@@ -934,13 +938,13 @@ SR_EXPORT int rdma_accept(rdma_cm_id* cm_id, rdma_conn_param* param) {
   }
   if (ud) {
     // SIDR has no RTU: nothing to wait for.
-    if (id->sync && cm_id->event) {
+    if (sync && cm_id->event) {
       rdma_ack_cm_event(cm_id->event);
       cm_id->event = nullptr;
     }
     return 0;
   }
-  return complete(id);
+  return sync ? complete(id) : 0;
 }
 
 SR_EXPORT int rdma_reject(rdma_cm_id* id, const void* private_data, uint8_t private_data_len) {
@@ -980,6 +984,7 @@ SR_EXPORT int rdma_notify(rdma_cm_id* cm_id, ibv_event_type event) {
 SR_EXPORT int rdma_disconnect(rdma_cm_id* cm_id) {
   if (!cm_id || !cm_id->verbs) return fail(EINVAL);
   Id* id = to_id(cm_id);
+  const bool sync = id->sync;  // read on entry (see complete())
   if (qp_to_err(cm_id->qp)) return -1;
   {
     std::lock_guard lk(mu());
@@ -996,7 +1001,7 @@ SR_EXPORT int rdma_disconnect(rdma_cm_id* cm_id) {
         return fail(EINVAL);
     }
   }
-  return complete(id);
+  return sync ? complete(id) : 0;
 }
 
 // ---- endpoints (rdma_create_ep: synchronous ids) ----

@@ -194,7 +194,6 @@ class Qp {
   // the first WR not posted.
   int post_send(std::span<const SendWr> wrs, size_t* bad);
   int post_recv(std::span<const RecvWr> wrs, size_t* bad);
-  void share_window(bool on);
   // RC packets un-ACKed from which post_send leaves sending to the next ACK (qp.cc).
   static constexpr int32_t kCorkInFlight = 16;
 
@@ -210,6 +209,7 @@ class Qp {
   QpAttr attr_;
   mutable SpinLock lock_;
   bool sharing_window_ = false;  // counted in the context's rc_sending
+  void share_window(bool on);    // counts this QP in (or out of) the context's rc_sending
   // The same-host one-sided path suits an application that waits for each operation (a latency test,
   // a request-response protocol): a post of one WR after the send CQ was polled may take it. A stream of
   // posts goes through the rings, which overlap the two processes' copies (measured, ib_write_bw same

@@ -141,8 +141,9 @@ void Progress::run() {
       // (a doorbell: a syscall for the sender and a wake-up here, for a packet the polling application
       // takes anyway). While the application keeps polling, this thread naps without asking, and asks
       // only once a nap passed with no poll. (Same-host ib_send_lat: one doorbell per 4 iterations.)
-      const bool nap = doorbells && napping && ctx_->app_poll_seq() != nap_seq;
-      nap_seq = ctx_->app_poll_seq();
+      const uint32_t seq = ctx_->app_poll_seq();
+      const bool nap = doorbells && napping && seq != nap_seq;
+      nap_seq = seq;
       napping = true;
       const bool pending = !nap && ctx_->backend()->arm_wakeup();
       const core::Nanos sleep_ns = pending ? 0 : nap ? kNapNs : core::Nanos{kAppDriveSleepMs} * 1'000'000;

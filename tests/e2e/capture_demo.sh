@@ -49,8 +49,12 @@ rm -f "$ALL" "$DEMO_PCAP"
 # --immediate-mode: without it, packets reach tcpdump in blocks retired every second or when full, and the
 # SIGINT that ends the capture throws away the block being filled (the demo's last milliseconds). -U writes
 # each packet as it comes, so the file shows when the capture is really running. -B: a 64 MiB kernel buffer
-# so that no packet is lost to a slow reader. `timeout` bounds the capture if nothing stops it.
-timeout 120 tcpdump -n -i lo --immediate-mode -U -B 65536 -w "$ALL" udp 2>"$WORK/tcpdump.err" &
+# so that no packet is lost to a slow reader. -s 8192: the largest packet here is 4170 bytes (path MTU 4096,
+# GSO off); in immediate mode libpcap's ring has one slot of the snapshot length per packet, so at the
+# default 256 KiB the 64 MiB held only 256 packets, and a burst of go-back-N retransmissions on a loaded
+# machine overflowed it (CI: 1426 packets counted, 957 captured). `timeout` bounds the capture if nothing
+# stops it.
+timeout 120 tcpdump -n -i lo --immediate-mode -U -B 65536 -s 8192 -w "$ALL" udp 2>"$WORK/tcpdump.err" &
 CAPTURE_PID=$!
 # Probes to the discard port until one shows in the file: then every later packet is captured.
 started=
@@ -85,7 +89,11 @@ echo "capture_demo: $TOTAL UDP packets captured, $OURS between the demo's two po
 # this buffer; a mismatch means a packet went out on another path or the counters are wrong).
 SENT=$(sed -n 's/.*counters:.* tx_packets=\([0-9]*\).*/\1/p' "$WORK/demo.out" | awk '{s += $1} END {print s + 0}')
 echo "capture_demo: the two sides counted $SENT packets sent"
-if [[ $SENT -ne $OURS ]]; then echo "FAIL: $SENT packets sent (counters) but $OURS captured"; exit 1; fi
+if [[ $SENT -ne $OURS ]]; then
+  cat "$WORK/tcpdump.err"  # its own count of packets dropped by the kernel
+  echo "FAIL: $SENT packets sent (counters) but $OURS captured"
+  exit 1
+fi
 
 # RC opcodes (IBTA.md 4): SEND FIRST 0, LAST 2, ONLY 4, ONLY_IMM 5, WRITE FIRST 6, MIDDLE 7, LAST 8, ONLY 10,
 # ONLY_IMM 11, READ REQUEST 12, READ RESPONSE FIRST 13, MIDDLE 14, LAST 15, ONLY 16, ACK 17, ATOMIC ACK 18,

@@ -308,8 +308,41 @@ Nanos Context::tick(io::TxBatch& tx, Nanos now) {
   return next;
 }
 
+namespace {
+// The QPs whose posts this thread left queued (Context::corked), of one context at a time. A QP that
+// does not fit, or that another thread polls for, is sent by the next ACK instead.
+struct CorkedList {
+  const Context* ctx = nullptr;
+  uint32_t n = 0;
+  uint32_t qpn[16];
+};
+thread_local CorkedList tls_corked;
+}  // namespace
+
+void Context::corked(uint32_t qpn) {
+  CorkedList& l = tls_corked;
+  if (l.ctx != this) {
+    if (l.n) return;
+    l.ctx = this;
+  }
+  if (l.n < std::size(l.qpn)) l.qpn[l.n++] = qpn;
+}
+
+// Inside the driver's exclusion, as a receive: a QP destroyed meanwhile is gone from the table, and
+// destroy_qp waits for an odd generation to pass before it frees one found here.
+void Context::send_corked() {
+  CorkedList& l = tls_corked;
+  if (l.n == 0 || l.ctx != this) return;
+  driver_gen_.fetch_add(1, std::memory_order_seq_cst);  // odd: busy
+  for (uint32_t i = 0; i < l.n; ++i)
+    if (Qp* qp = find_qp(l.qpn[i])) qp->send_corked();
+  l.n = 0;
+  driver_gen_.fetch_add(1, std::memory_order_acq_rel);  // even: idle
+}
+
 int Context::drive(io::TxBatch& tx, Nanos now, bool run_timers) {
   if (driving_.exchange(true, std::memory_order_acquire)) return -1;
+  send_corked();
   io::RxPacket pkts[io::TxBatch::kMax];
   int total = 0;
   for (int i = 0; i < 64; ++i) {  // bounded, so timers still run under a flood

@@ -85,6 +85,9 @@ class Context {
   // Returns the number of packets received, or -1 when another thread is driving. `tx` is that thread's
   // batch.
   int drive(io::TxBatch& tx, Nanos now, bool run_timers);
+  // A post on this thread left WRs of QP `qpn` queued behind packets in flight (Qp::post_send): this
+  // thread's next drive sends them (an application polls its CQ after it posted), unless an ACK did first.
+  void corked(uint32_t qpn);
   // Whether an application thread drove progress within `ns` before `now`.
   bool app_driving(Nanos now, Nanos ns) const {
     return now - app_drive_ns_.load(std::memory_order_relaxed) < ns;
@@ -145,6 +148,7 @@ class Context {
     std::atomic<Qp*> qp[256] = {};
   };
   std::expected<uint32_t, int> alloc_qpn();
+  void send_corked();
 
   io::Backend* backend_;
   Counters* counters_;

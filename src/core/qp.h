@@ -194,8 +194,11 @@ class Qp {
   // the first WR not posted.
   int post_send(std::span<const SendWr> wrs, size_t* bad);
   int post_recv(std::span<const RecvWr> wrs, size_t* bad);
-  // RC packets un-ACKed from which post_send leaves sending to the next ACK (qp.cc).
-  static constexpr int32_t kCorkInFlight = 16;
+  // RC packets un-ACKed from which post_send leaves sending to the posting thread's next poll, or the
+  // next ACK (qp.cc).
+  static constexpr int32_t kCorkInFlight = 2;
+  // Sends what post_send left queued (Context::send_corked, inside the driver's exclusion).
+  void send_corked();
 
  private:
   friend class Transport;
@@ -216,6 +219,7 @@ class Qp {
   // host: 1 MiB 25.6 GB/s through the rings, 14.8 one-sided; 8 B 3.0 M/s against 0.65).
   uint32_t send_cq_polls_ = ~0u;
   bool may_direct_ = false;
+  bool corked_ = false;  // WRs wait in the send queue, and this QP is on a thread's list (Context::corked)
 
   // Send queue
   std::vector<SendWqe> sq_;

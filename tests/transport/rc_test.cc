@@ -257,6 +257,38 @@ TEST(Rc, SmallestWindowNeedsNoTimeout) {
   EXPECT_EQ(h.a.counters.get(Counter::retransmits), 0u);
 }
 
+// Posts behind packets in flight wait (Qp::post_send): the posting thread's next drive sends them all at
+// once, before any ACK came; without that drive the ACK does.
+TEST(Rc, PostsBehindPacketsInFlightGoAtTheNextPollOrAck) {
+  for (bool poll : {true, false}) {
+    SCOPED_TRACE(poll ? "the poster drives" : "the ACK sends them");
+    Harness h;
+    fill(h.a.buf, 0, 64, 3);
+    for (uint64_t i = 0; i < 6; ++i)
+      ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 8 * i, 8, i).remote(h.b, 8 * i)), 0);
+    const uint64_t out = static_cast<uint64_t>(core::Qp::kCorkInFlight);
+    EXPECT_EQ(h.net_.sent, out);
+    if (poll) {
+      h.a.ctx->drive(h.a.tx, g_now, false);  // what Cq::poll of an empty CQ does
+      EXPECT_EQ(h.net_.sent, 6u);            // nothing was delivered: no ACK came
+    }
+    // Polling a's CQ would drive (and send) too: first let the network run alone.
+    ASSERT_TRUE(h.run([&] { return same(h.a, 0, h.b, 0, 48); }));
+    std::vector<Wc> wcs;
+    ASSERT_TRUE(h.run([&] {
+      for (const Wc& w : h.a.poll(h.a.scq)) wcs.push_back(w);
+      return wcs.size() == 6;
+    }));
+    for (uint64_t i = 0; i < 6; ++i) {
+      EXPECT_EQ(wcs[i].wr_id, i);
+      EXPECT_EQ(wcs[i].status, WcStatus::kSuccess);
+    }
+    EXPECT_TRUE(same(h.a, 0, h.b, 0, 48));
+    EXPECT_EQ(h.a.counters.get(Counter::retransmits), 0u);
+    EXPECT_EQ(h.a.counters.get(Counter::retry_timeouts), 0u);
+  }
+}
+
 TEST(Rc, StandardPortMode) {
   QpOptions o;
   o.standard_port = true;

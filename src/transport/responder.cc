@@ -371,11 +371,14 @@ struct Responder {
     if (oi.any(kEnd)) r.msn = (r.msn + 1) & 0xFFFFFF;
     const bool recv_comp = oi.any(kEnd) && oi.has(kRecvComp);
     if (rc && pkt.ack_req()) {
-      // A message the application will see: its ACK leaves before the completion appears, as a NIC's
-      // does, so the application's answer never overtakes it (ib_send_lat -e waits for the send
-      // completion and the answer in that order, on one channel, and stalled when they crossed).
-      send_ack(make_syndrome(AckType::kAck, kAckUnlimitedCredit), psn, recv_comp);
-      if (recv_comp) tx.flush();
+      // A message that an application waiting on a completion channel will see: its ACK leaves before
+      // the completion appears, as a NIC's does, so the answer never overtakes it (ib_send_lat -e waits
+      // for the send completion and the answer in that order, on one channel, and stalled when they
+      // crossed). For a polling application the ACK goes with the burst's others (ACK coalescing): an
+      // ACK and a send call per message held 8-byte ib_send_bw at 0.2 M messages/s.
+      const bool now = recv_comp && qp.init().recv_cq->channel() != nullptr;
+      send_ack(make_syndrome(AckType::kAck, kAckUnlimitedCredit), psn, now);
+      if (now) tx.flush();
     }
     if (recv_comp) complete_message();
   }

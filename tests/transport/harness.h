@@ -29,6 +29,7 @@ struct Node {
   core::Qp* qp = nullptr;
   std::vector<uint8_t> buf;
   core::Mr* mr = nullptr;
+  std::unique_ptr<core::CompChannel> channel;
   io::TxBatch tx;
 
   uint64_t addr(uint64_t off = 0) const { return reinterpret_cast<uint64_t>(buf.data()) + off; }
@@ -55,6 +56,7 @@ struct QpOptions {
   uint32_t inflight_budget = core::ContextConfig{}.inflight_budget;
   uint32_t active_mtu = 4096;  // the contexts' interface MTU (path MTUs above it are clamped)
   bool standard_port = false;  // RoCEv2 standard mode: every QP behind UDP port 4791
+  bool recv_channel = false;   // the receive CQs report to a completion channel (an event-driven user)
 };
 
 class Harness {
@@ -97,7 +99,8 @@ class Harness {
     n.tx.sink = n.be.get();
     n.pd = *n.ctx->alloc_pd();
     n.scq = *n.ctx->create_cq(4096, nullptr, nullptr);
-    n.rcq = *n.ctx->create_cq(4096, nullptr, nullptr);
+    if (o_.recv_channel) n.channel = std::move(*core::CompChannel::create());
+    n.rcq = *n.ctx->create_cq(4096, n.channel.get(), nullptr);
     core::QpInitAttr init;
     init.type = o_.type;
     init.send_cq = n.scq;

@@ -104,6 +104,10 @@ class Context {
   // Counts the application's empty polls (a hint: relaxed, lost updates possible): a value that does not
   // move for microseconds means no thread polls right now.
   uint32_t app_poll_seq() const { return app_poll_seq_.load(std::memory_order_relaxed); }
+  // Counts the application's posts and polls (a hint, as app_poll_seq): a value that does not move while
+  // the progress thread spins means no application thread of this context is running verbs calls.
+  void note_app_call() { app_calls_.store(app_calls_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
+  uint32_t app_calls() const { return app_calls_.load(std::memory_order_relaxed); }
 
   // Wakes a sleeping driver that would sleep past `by` (0: wakes it in any case): a QP armed a timer due
   // then, or (0) an application is about to wait for events and the driver must receive for it.
@@ -170,6 +174,7 @@ class Context {
   // A hint, not a count: threads may lose each other's updates (relaxed load and store, no RMW).
   std::atomic<uint32_t> app_empty_polls_{0};
   std::atomic<uint32_t> app_poll_seq_{0};
+  std::atomic<uint32_t> app_calls_{0};
   // Live objects, against the limits the device reports.
   std::atomic<uint32_t> n_pd_{0}, n_cq_{0}, n_qp_{0}, n_srq_{0}, n_ah_{0};
   std::atomic<Nanos> next_tick_{0};  // when drive() next runs the timers (0: at its next call)

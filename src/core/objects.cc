@@ -160,6 +160,7 @@ bool Cq::push(const Wc& wc, bool solicited) {
 
 int Cq::poll(std::span<Wc> out) {
   polls_.store(polls_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  ctx_->note_app_call();
   uint32_t n = take(out);
   // An empty CQ: the caller is likely busy-polling, so let it run the receive path itself.
   if (n != 0) {

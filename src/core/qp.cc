@@ -93,6 +93,7 @@ int Qp::query(QpAttr* attr, QpInitAttr* init) const {
 }
 
 int Qp::post_send(std::span<const SendWr> wrs, size_t* bad) {
+  ctx_->note_app_call();
   std::lock_guard g(lock_);
   const QpState st = attr_.qp_state;
   if (st == QpState::kReset || st == QpState::kInit || st == QpState::kRtr) {

@@ -385,6 +385,8 @@ bool Context::drive_from_app() {
   app_empty_polls_.store(empty, std::memory_order_relaxed);
   app_poll_seq_.store(app_poll_seq_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   if (empty >= kBusyPollRun && (polls & 15) == 1) app_drive_ns_.store(t, std::memory_order_relaxed);
+  // Posts this thread left queued go in this drive (send_corked); UC/UD ones complete as they go.
+  const bool corked = tls_corked.n != 0 && tls_corked.ctx == this;
   const int got = drive(tx, t, false);
   // Another thread has been driving through many polls: the progress thread, preempted on this CPU while
   // it held the receive path (a woken progress thread runs briefly; if the scheduler's tick falls then,
@@ -408,7 +410,7 @@ bool Context::drive_from_app() {
     blocked = 0;
     sched_yield();
   }
-  return got > 0;
+  return got > 0 || (corked && got == 0);
 }
 
 void Context::kick(Nanos by) {

@@ -99,7 +99,8 @@ class Context {
     if (app_empty_polls_.load(std::memory_order_relaxed))
       app_empty_polls_.store(0, std::memory_order_relaxed);
   }
-  // From an application thread: drives progress with a batch of its own if no one else is.
+  // From an application thread: drives progress with a batch of its own if no one else is. True when it
+  // may have produced completions (it received packets, or sent what this thread's posts left queued).
   bool drive_from_app();
   // Counts the application's empty polls (a hint: relaxed, lost updates possible): a value that does not
   // move for microseconds means no thread polls right now.

@@ -21,12 +21,7 @@ void run_requester(Qp& qp) {
   tls_tx.sink = qp.ctx()->backend();
   Transport::requester(qp, tls_tx, qp.ctx()->now());
   tls_tx.flush();
-  const Nanos d = Transport::deadline(qp);
-  if (d != qp.next_deadline.load(std::memory_order_relaxed)) {
-    qp.next_deadline.store(d, std::memory_order_relaxed);
-    qp.ctx()->deadline_armed(d);
-    if (d) qp.ctx()->kick(d);
-  }
+  qp.publish_deadline();
 }
 
 bool allowed(QpType t, WrOpcode op) {
@@ -170,19 +165,38 @@ int Qp::post_send(std::span<const SendWr> wrs, size_t* bad) {
   // those 16 went one send call each. Measured, 8-byte ib_write_bw over UDP, 2 runs each: 16 in flight
   // 0.80-0.88 M/s, 2 in flight 1.48-1.52, 1 in flight 1.53-1.58 (8 QPs: 1.10 -> 2.2-2.3 M/s). A
   // latency test has at most one packet out, so it still sends at once.
-  if (type() == QpType::kRc && wire::psn_diff(req_.psn, comp_.psn) >= kCorkInFlight) {
+  // UC and UD have no ACK to count on: the third post in a row with no poll of the send CQ between waits
+  // for the poster's next poll, or for the progress thread's timer (kCorkDelayNs) if that never comes.
+  const uint32_t polls = init_.send_cq->polls();
+  const bool polled = polls != send_cq_polls_;
+  send_cq_polls_ = polls;
+  posts_since_poll_ = polled ? 1 : posts_since_poll_ + 1;
+  const bool rc = type() == QpType::kRc;
+  if (rc ? wire::psn_diff(req_.psn, comp_.psn) >= kCorkInFlight
+         : posts_since_poll_ > static_cast<uint32_t>(kCorkInFlight)) {
     if (!corked_) {
       corked_ = true;
       ctx_->corked(qpn_);
+      if (!rc) {
+        req_.cork_deadline = ctx_->now() + kCorkDelayNs;
+        publish_deadline();
+      }
     }
     return 0;
   }
-  const uint32_t polls = init_.send_cq->polls();
-  may_direct_ = wrs.size() == 1 && polls != send_cq_polls_;
-  send_cq_polls_ = polls;
+  may_direct_ = wrs.size() == 1 && polled;
   run_requester(*this);
   may_direct_ = false;
   return 0;
+}
+
+void Qp::publish_deadline() {
+  const Nanos d = Transport::deadline(*this);
+  if (d != next_deadline.load(std::memory_order_relaxed)) {
+    next_deadline.store(d, std::memory_order_relaxed);
+    ctx_->deadline_armed(d);
+    if (d) ctx_->kick(d);
+  }
 }
 
 void Qp::send_corked() {

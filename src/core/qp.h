@@ -97,6 +97,7 @@ struct ReqState {
   uint32_t offset = 0;     // bytes of it already sent
   uint32_t noack_pkts = 0;
   uint32_t rd_atomic = 0;  // READ/ATOMIC WQEs outstanding
+  Nanos cork_deadline = 0;  // UC/UD: WRs a post left queued go by then at the latest (0 = none)
 };
 
 // Completer (src/transport/completer.cc): what is acknowledged, and the timers.
@@ -197,8 +198,13 @@ class Qp {
   // RC packets un-ACKed from which post_send leaves sending to the posting thread's next poll, or the
   // next ACK (qp.cc).
   static constexpr int32_t kCorkInFlight = 2;
+  // UC/UD posts left queued go at the poster's next poll, or by the progress thread's timer this late.
+  static constexpr Nanos kCorkDelayNs = 200'000;
   // Sends what post_send left queued (Context::send_corked, inside the driver's exclusion).
   void send_corked();
+  // After the transport ran under the lock: the QP's nearest timer for the drivers (a sleeping one is
+  // kicked if it would sleep past it).
+  void publish_deadline();
 
  private:
   friend class Transport;
@@ -220,6 +226,7 @@ class Qp {
   uint32_t send_cq_polls_ = ~0u;
   bool may_direct_ = false;
   bool corked_ = false;  // WRs wait in the send queue, and this QP is on a thread's list (Context::corked)
+  uint32_t posts_since_poll_ = 0;  // post_send calls since the send CQ was last polled (UC/UD corking)
 
   // Send queue
   std::vector<SendWqe> sq_;

@@ -262,7 +262,9 @@ void Transport::completer(Qp& qp, PacketView pkt, io::TxBatch& tx, Nanos now) {
 
 Nanos Transport::timers(Qp& qp, io::TxBatch& tx, Nanos now) {
   CompState& comp = qp.comp_;
-  if (qp.type() != QpType::kRc || qp.state() == QpState::kErr || qp.state() == QpState::kReset) return 0;
+  if (qp.req_.cork_deadline && now >= qp.req_.cork_deadline) requester(qp, tx, now);  // clears it
+  if (qp.type() != QpType::kRc || qp.state() == QpState::kErr || qp.state() == QpState::kReset)
+    return qp.req_.cork_deadline;
   if (comp.rnr_deadline) {
     if (now < comp.rnr_deadline) return comp.rnr_deadline;
     comp.rnr_deadline = 0;
@@ -280,8 +282,7 @@ Nanos Transport::timers(Qp& qp, io::TxBatch& tx, Nanos now) {
       requester(qp, tx, now);
     }
   }
-  if (comp.rnr_deadline) return comp.rnr_deadline;
-  return comp.retrans_deadline;
+  return deadline(qp);
 }
 
 }  // namespace softrdma::core

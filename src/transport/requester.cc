@@ -87,6 +87,7 @@ void Transport::advance_psn(Qp& qp, uint32_t next) {
 
 void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
   qp.corked_ = false;  // what a post left queued goes now (or waits for the window, and then an ACK)
+  qp.req_.cork_deadline = 0;
   // In SQD the WQEs already started still go out (and are retransmitted); new ones wait (IBTA.md 9).
   const bool sqd = qp.attr_.qp_state == QpState::kSqd;
   if (qp.attr_.qp_state != QpState::kRts && !sqd) return;

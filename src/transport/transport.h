@@ -44,8 +44,10 @@ class Transport {
   static void fail_head(Qp& qp, WcStatus status);
   // The QP's nearest armed timer (0 = none).
   static Nanos deadline(const Qp& qp) {
-    const Nanos a = qp.comp_.retrans_deadline, b = qp.comp_.rnr_deadline;
-    return !a ? b : !b ? a : std::min(a, b);
+    Nanos d = 0;
+    for (Nanos t : {qp.comp_.retrans_deadline, qp.comp_.rnr_deadline, qp.req_.cork_deadline})
+      if (t && (!d || t < d)) d = t;
+    return d;
   }
   static Nanos ack_timeout_ns(uint8_t timeout) { return timeout ? 4096ull << timeout : 0; }
   static Nanos rnr_delay_ns(uint8_t code);

@@ -63,6 +63,40 @@ TEST(Uc, SendAndWriteCompleteOnSend) {
   EXPECT_EQ(h.net_.sent, 10u);  // and nothing comes back
 }
 
+// Posts in a row with no poll between (UC and UD have no ACK to wait for): from the third on they wait,
+// and go in one batch at the poster's next poll of an empty CQ, or, if it never polls, when the QP's cork
+// timer fires (Qp::kCorkDelayNs) in a driver's tick.
+TEST(Uc, PostsInARowGoAtTheNextPollOrByTheTimer) {
+  for (bool poll : {true, false}) {
+    SCOPED_TRACE(poll ? "the poster polls" : "the timer sends them");
+    Harness h({}, opts(QpType::kUc));
+    fill(h.a.buf, 0, 64, 5);
+    const Nanos t0 = g_now;
+    for (uint64_t i = 0; i < 5; ++i)
+      ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 8 * i, 8, i).remote(h.b, 8 * i)), 0);
+    EXPECT_EQ(h.net_.sent, static_cast<uint64_t>(core::Qp::kCorkInFlight));
+    EXPECT_EQ(h.a.qp->next_deadline.load(), t0 + core::Qp::kCorkDelayNs);
+    std::vector<Wc> s;
+    if (poll) {
+      s = h.a.poll(h.a.scq);  // 2, then an empty CQ: the drive sends the other 3, which complete at once
+      EXPECT_EQ(h.net_.sent, 5u);
+      EXPECT_EQ(h.a.qp->next_deadline.load(), 0u);
+      EXPECT_EQ(g_now, t0);
+      ASSERT_TRUE(h.run([&] { return std::memcmp(h.a.buf.data(), h.b.buf.data(), 40) == 0; }));
+    } else {
+      ASSERT_TRUE(h.run([&] { return std::memcmp(h.a.buf.data(), h.b.buf.data(), 40) == 0; }));
+      EXPECT_GE(g_now, t0 + core::Qp::kCorkDelayNs);  // nothing but the timer sent the last 3
+      EXPECT_EQ(h.net_.sent, 5u);
+      s = h.a.poll(h.a.scq);
+    }
+    ASSERT_EQ(s.size(), 5u);
+    for (uint64_t i = 0; i < 5; ++i) {
+      EXPECT_EQ(s[i].wr_id, i);
+      EXPECT_EQ(s[i].status, WcStatus::kSuccess);
+    }
+  }
+}
+
 // The middle packet of a SEND is lost: the message is dropped (no completion, drop_uc_msg), its receive WQE
 // is reused by the next message, which arrives intact.
 TEST(Uc, LostMiddlePacketDropsTheMessage) {

@@ -341,31 +341,38 @@ void Context::send_corked() {
 }
 
 int Context::drive(io::TxBatch& tx, Nanos now, bool run_timers) {
-  if (driving_.exchange(true, std::memory_order_acquire)) return -1;
-  send_corked();
-  io::RxPacket pkts[io::TxBatch::kMax];
   int total = 0;
-  for (int i = 0; i < 64; ++i) {  // bounded, so timers still run under a flood
-    const uint32_t n = backend_->rx_burst(pkts, io::TxBatch::kMax);
-    if (n == 0) break;
-    total += static_cast<int>(n);
-    // The clock is read per burst: the ACKs of one burst can release many packets to send, and a
-    // retransmit deadline armed from a clock frozen at the start of this loop would fire early. (The
-    // caller's `now` may be a few microseconds old: it is used only when nothing arrives.)
-    now = this->now();
-    rx_burst(std::span(pkts, n), tx, now);
-  }
-  if (total) now = this->now();
-  if (run_timers || now >= next_tick_.load(std::memory_order_relaxed)) {
-    // Timers run only here, inside the driver's exclusion: the packets a timer retransmits point into send
-    // buffers, and only the driver completes WQEs (on ACKs), so no buffer can be handed back to the
-    // application before those packets are on the wire. The mark is cleared before the scan: a timer
-    // that a post arms during the scan lowers it again (deadline_armed), and what the scan found lowers
-    // it after; storing the scan's result instead would raise the mark over a timer armed meanwhile.
-    next_tick_.store(kNoTimer, std::memory_order_seq_cst);
-    deadline_armed(tick(tx, now));
-  }
-  driving_.store(false, std::memory_order_release);
+  // A thread that found this one driving may have asked it to read once more (hand_over): the flag is
+  // set before that thread looks at driving_, and read here after driving_ is released (both seq_cst), so
+  // either it saw driving_ clear and drives itself, or this thread sees the flag.
+  do {
+    if (driving_.exchange(true, std::memory_order_acquire)) return total ? total : -1;
+    rescan_.store(false, std::memory_order_relaxed);
+    send_corked();
+    io::RxPacket pkts[io::TxBatch::kMax];
+    for (int i = 0; i < 64; ++i) {  // bounded, so timers still run under a flood
+      const uint32_t n = backend_->rx_burst(pkts, io::TxBatch::kMax);
+      if (n == 0) break;
+      total += static_cast<int>(n);
+      // The clock is read per burst: the ACKs of one burst can release many packets to send, and a
+      // retransmit deadline armed from a clock frozen at the start of this loop would fire early. (The
+      // caller's `now` may be a few microseconds old: it is used only when nothing arrives.)
+      now = this->now();
+      rx_burst(std::span(pkts, n), tx, now);
+    }
+    if (total) now = this->now();
+    if (run_timers || now >= next_tick_.load(std::memory_order_relaxed)) {
+      // Timers run only here, inside the driver's exclusion: the packets a timer retransmits point into
+      // send buffers, and only the driver completes WQEs (on ACKs), so no buffer can be handed back to the
+      // application before those packets are on the wire. The mark is cleared before the scan: a timer
+      // that a post arms during the scan lowers it again (deadline_armed), and what the scan found lowers
+      // it after; storing the scan's result instead would raise the mark over a timer armed meanwhile.
+      next_tick_.store(kNoTimer, std::memory_order_seq_cst);
+      deadline_armed(tick(tx, now));
+    }
+    run_timers = false;
+    driving_.store(false, std::memory_order_seq_cst);
+  } while (rescan_.load(std::memory_order_seq_cst));
   return total;
 }
 

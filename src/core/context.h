@@ -85,6 +85,13 @@ class Context {
   // Returns the number of packets received, or -1 when another thread is driving. `tx` is that thread's
   // batch.
   int drive(io::TxBatch& tx, Nanos now, bool run_timers);
+  // After drive() returned -1: asks the thread driving to read the sockets once more before it lets go (a
+  // packet may have come after its last read, and the kernel may not wake anyone for it). False when no
+  // thread was driving by then: the caller drives itself.
+  bool hand_over() {
+    rescan_.store(true, std::memory_order_seq_cst);
+    return driving_.load(std::memory_order_seq_cst);
+  }
   // A post on this thread left WRs of QP `qpn` queued behind packets in flight (Qp::post_send): this
   // thread's next drive sends them (an application polls its CQ after it posted), unless an ACK did first.
   void corked(uint32_t qpn);
@@ -166,6 +173,7 @@ class Context {
   std::vector<Qp*> qps_;                             // every QP, for the timer scan
   std::atomic<uint64_t> driver_gen_{0};
   std::atomic<bool> driving_{false};    // one receiver at a time (io backends allow one rx caller)
+  std::atomic<bool> rescan_{false};     // hand_over: the driver reads the sockets once more
   std::atomic<uint32_t> rc_sending_{0};
   std::atomic<uint32_t> next_pd_id_{0};
   std::atomic<Nanos> app_drive_ns_{0};  // when an application thread was last seen busy-polling

@@ -210,7 +210,10 @@ void Progress::run() {
     // Asleep from here: a timer armed from now on kicks.
     wake_at_.store(0, std::memory_order_seq_cst);
     sleeping_.store(true, std::memory_order_seq_cst);
-    if (ctx_->drive(tx_, ctx_->now(), true) > 0) {
+    int got_last;
+    while ((got_last = ctx_->drive(tx_, ctx_->now(), true)) < 0 && !ctx_->hand_over()) {
+    }
+    if (got_last > 0) {
       sleeping_.store(false, std::memory_order_release);
       last_activity = ctx_->now();
       continue;

@@ -1,5 +1,7 @@
 #include "io/sim/sim_net.h"
 
+#include <utility>
+
 #include <arpa/inet.h>
 
 #include <cerrno>
@@ -115,6 +117,7 @@ uint32_t SimBackend::rx_burst(RxPacket* out, uint32_t max) {
     SimNet::Frame& f = held_[i];
     out[i] = RxPacket{f.src, f.dst, f.bytes.data(), static_cast<uint32_t>(f.bytes.size() - 4), 0, 64};
   }
+  if (after_rx) std::exchange(after_rx, nullptr)();
   return static_cast<uint32_t>(held_.size());
 }
 

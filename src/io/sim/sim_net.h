@@ -64,6 +64,9 @@ class SimBackend : public Backend {
   const wire::Gid& local_addr() const override { return addr_; }
   // Counts of what rx_burst dropped.
   uint64_t bad_icrc = 0, truncated = 0;
+  // A test hook, run once at the end of the next rx_burst (after it read the inbox), then cleared: what
+  // happens while the caller is still inside its receive.
+  std::function<void()> after_rx;
 
  private:
   friend class SimNet;

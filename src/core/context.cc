@@ -310,7 +310,7 @@ Nanos Context::tick(io::TxBatch& tx, Nanos now) {
 
 namespace {
 // The QPs whose posts this thread left queued (Context::corked), of one context at a time. A QP that
-// does not fit, or that another thread polls for, is sent by the next ACK instead.
+// does not fit, or that another thread polls for, is sent by the next ACK (RC) or its cork timer (UC/UD).
 struct CorkedList {
   const Context* ctx = nullptr;
   uint32_t n = 0;

@@ -92,8 +92,8 @@ class Context {
     rescan_.store(true, std::memory_order_seq_cst);
     return driving_.load(std::memory_order_seq_cst);
   }
-  // A post on this thread left WRs of QP `qpn` queued behind packets in flight (Qp::post_send): this
-  // thread's next drive sends them (an application polls its CQ after it posted), unless an ACK did first.
+  // A post on this thread left WRs of QP `qpn` queued (Qp::post_send): this thread's next drive sends them
+  // (an application polls its CQ after it posted), unless an ACK (RC) or the QP's cork timer (UC/UD) did.
   void corked(uint32_t qpn);
   // Whether an application thread drove progress within `ns` before `now`.
   bool app_driving(Nanos now, Nanos ns) const {
@@ -112,10 +112,13 @@ class Context {
   // Counts the application's empty polls (a hint: relaxed, lost updates possible): a value that does not
   // move for microseconds means no thread polls right now.
   uint32_t app_poll_seq() const { return app_poll_seq_.load(std::memory_order_relaxed); }
-  // Counts the application's posts and polls (a hint, as app_poll_seq): a value that does not move while
-  // the progress thread spins means no application thread of this context is running verbs calls.
+  // Counts the application's posts and the polls that found completions (a hint, as app_poll_seq).
   void note_app_call() { app_calls_.store(app_calls_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
-  uint32_t app_calls() const { return app_calls_.load(std::memory_order_relaxed); }
+  // Moves with every post and poll: a value that stays put while the progress thread spins means no
+  // application thread of this context is running verbs calls.
+  uint32_t app_calls() const {
+    return app_calls_.load(std::memory_order_relaxed) + app_poll_seq_.load(std::memory_order_relaxed);
+  }
 
   // Wakes a sleeping driver that would sleep past `by` (0: wakes it in any case): a QP armed a timer due
   // then, or (0) an application is about to wait for events and the driver must receive for it.

@@ -160,10 +160,10 @@ bool Cq::push(const Wc& wc, bool solicited) {
 
 int Cq::poll(std::span<Wc> out) {
   polls_.store(polls_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  ctx_->note_app_call();
   uint32_t n = take(out);
   // An empty CQ: the caller is likely busy-polling, so let it run the receive path itself.
   if (n != 0) {
+    ctx_->note_app_call();  // an empty poll counts in app_poll_seq (drive_from_app)
     ctx_->app_polled_something();
   } else if (!out.empty() && ctx_->drive_from_app()) {
     n = take(out);

@@ -198,6 +198,8 @@ class Qp {
   // RC packets un-ACKed from which post_send leaves sending to the posting thread's next poll, or the
   // next ACK (qp.cc).
   static constexpr int32_t kCorkInFlight = 2;
+  // UC/UD posts in a row, with no poll of the send CQ between, that go at once; later ones wait.
+  static constexpr uint32_t kCorkPostsInARow = 2;
   // UC/UD posts left queued go at the poster's next poll, or by the progress thread's timer this late.
   static constexpr Nanos kCorkDelayNs = 200'000;
   // Sends what post_send left queued (Context::send_corked, inside the driver's exclusion).

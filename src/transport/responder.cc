@@ -376,9 +376,9 @@ struct Responder {
       // for the send completion and the answer in that order, on one channel, and stalled when they
       // crossed). For a polling application the ACK goes with the burst's others (ACK coalescing): an
       // ACK and a send call per message held 8-byte ib_send_bw at 0.2 M messages/s.
-      const bool now = recv_comp && qp.init().recv_cq->channel() != nullptr;
-      send_ack(make_syndrome(AckType::kAck, kAckUnlimitedCredit), psn, now);
-      if (now) tx.flush();
+      const bool ack_now = recv_comp && qp.init().recv_cq->channel() != nullptr;
+      send_ack(make_syndrome(AckType::kAck, kAckUnlimitedCredit), psn, ack_now);
+      if (ack_now) tx.flush();
     }
     if (recv_comp) complete_message();
   }

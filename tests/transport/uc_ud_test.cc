@@ -74,7 +74,7 @@ TEST(Uc, PostsInARowGoAtTheNextPollOrByTheTimer) {
     const Nanos t0 = g_now;
     for (uint64_t i = 0; i < 5; ++i)
       ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 8 * i, 8, i).remote(h.b, 8 * i)), 0);
-    EXPECT_EQ(h.net_.sent, static_cast<uint64_t>(core::Qp::kCorkInFlight));
+    EXPECT_EQ(h.net_.sent, uint64_t{core::Qp::kCorkPostsInARow});
     EXPECT_EQ(h.a.qp->next_deadline.load(), t0 + core::Qp::kCorkDelayNs);
     std::vector<Wc> s;
     if (poll) {

@@ -28,7 +28,10 @@ Context::Context(io::Backend* backend, Counters* counters, const ContextConfig& 
 }
 
 Context::~Context() {
-  for (Qp* qp : qps_) delete qp;
+  for (Qp* qp : qps_) {
+    qp->flush_deferred_ack();
+    delete qp;
+  }
   for (uint32_t i = 0; i < 65536; ++i) delete blocks_[i].load();
   if (async_fd_ >= 0) close(async_fd_);
 }
@@ -172,6 +175,7 @@ int Context::destroy_qp(Qp* qp) {
   if (gen & 1) {
     while (driver_gen_.load(std::memory_order_acquire) == gen) std::this_thread::yield();
   }
+  qp->flush_deferred_ack();  // owed for messages already executed
   const QpInitAttr& init = qp->init();
   qp->pd()->users.fetch_sub(1);
   init.send_cq->users.fetch_sub(1);
@@ -277,10 +281,15 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
     qp->next_deadline.store(d, std::memory_order_relaxed);
     deadline_armed(d);
   }
-  // One ACK per QP per burst covers every AckReq packet it received (ACK coalescing).
+  // One ACK per QP per burst covers every AckReq packet it received (ACK coalescing); a QP that sends
+  // too defers it to its next post (Transport::end_burst).
   for (uint32_t i = 0; i < n_touched; ++i) {
-    std::lock_guard g(touched[i]->lock());
-    Transport::flush_ack(*touched[i], tx);
+    Qp& qp = *touched[i];
+    std::lock_guard g(qp.lock());
+    Transport::end_burst(qp, tx, now);
+    const Nanos d = Transport::deadline(qp);
+    qp.next_deadline.store(d, std::memory_order_relaxed);
+    deadline_armed(d);
   }
   tx.flush();
   driver_gen_.fetch_add(1, std::memory_order_acq_rel);  // even: idle

@@ -20,6 +20,8 @@ bool needs_local_write(WrOpcode op) {
 void run_requester(Qp& qp) {
   tls_tx.sink = qp.ctx()->backend();
   Transport::requester(qp, tls_tx, qp.ctx()->now());
+  // A deferred ACK goes after the requests (Transport::end_burst).
+  if (qp.type() == QpType::kRc) Transport::flush_ack(qp, tls_tx);
   tls_tx.flush();
   qp.publish_deadline();
 }
@@ -62,6 +64,10 @@ void Qp::share_window(bool on) {
 int Qp::modify(const QpAttr& attr, uint32_t mask) {
   std::lock_guard g(lock_);
   const QpState before = attr_.qp_state;
+  // A deferred ACK (Transport::end_burst) is owed for messages already executed: it goes before the QP
+  // stops answering (rdma_disconnect moves it to ERROR right after the last completion).
+  if ((mask & kQpState) && (attr.qp_state == QpState::kErr || attr.qp_state == QpState::kReset))
+    send_deferred_ack();
   const int err = Transport::modify(*this, attr, mask);
   // Back from SQD: the WQEs posted meanwhile go out now, not at the next post.
   if (err == 0 && before == QpState::kSqd && attr_.qp_state == QpState::kRts) run_requester(*this);
@@ -202,6 +208,18 @@ void Qp::publish_deadline() {
 void Qp::send_corked() {
   std::lock_guard g(lock_);
   if (corked_) run_requester(*this);
+}
+
+void Qp::flush_deferred_ack() {
+  std::lock_guard g(lock_);
+  send_deferred_ack();
+}
+
+void Qp::send_deferred_ack() {
+  if (!resp_.ack_pending) return;
+  tls_tx.sink = ctx_->backend();
+  Transport::flush_ack(*this, tls_tx);
+  tls_tx.flush();
 }
 
 int Qp::post_recv(std::span<const RecvWr> wrs, size_t* bad) {

@@ -143,6 +143,7 @@ struct RespState {
   uint32_t ack_psn = 0;
   uint8_t ack_syndrome = 0;
   uint32_t ack_msn = 0;
+  Nanos ack_deadline = 0;  // a deferred ACK goes by then at the latest (0 = none)
   std::vector<RespResource> res;
   uint32_t res_next = 0;
 };
@@ -204,6 +205,8 @@ class Qp {
   static constexpr Nanos kCorkDelayNs = 200'000;
   // Sends what post_send left queued (Context::send_corked, inside the driver's exclusion).
   void send_corked();
+  // Sends an ACK the responder deferred (Transport::end_burst) now: the QP is going away.
+  void flush_deferred_ack();
   // After the transport ran under the lock: the QP's nearest timer for the drivers (a sleeping one is
   // kicked if it would sleep past it).
   void publish_deadline();
@@ -219,6 +222,7 @@ class Qp {
   QpInitAttr init_;
   QpAttr attr_;
   mutable SpinLock lock_;
+  void send_deferred_ack();  // under the lock
   bool sharing_window_ = false;  // counted in the context's rc_sending
   void share_window(bool on);    // counts this QP in (or out of) the context's rc_sending
   // The same-host one-sided path suits an application that waits for each operation (a latency test,

@@ -176,6 +176,7 @@ void Transport::to_error(Qp& qp) {
   RespState& r = qp.resp_;
   r.write_mr.reset();
   r.ack_pending = false;
+  r.ack_deadline = 0;
   auto flush_recv = [&qp](const RecvWqe& w) {
     Wc wc;
     wc.wr_id = w.wr_id;

@@ -21,6 +21,10 @@ class Transport {
   static void responder(Qp& qp, wire::PacketView pkt, const io::RxPacket& rx, io::TxBatch& tx, Nanos now);
   // Sends the coalesced ACK of the last burst, if any.
   static void flush_ack(Qp& qp, io::TxBatch& tx);
+  // At the end of a receive burst: sends the coalesced ACK, or defers it to the QP's next post, for
+  // kAckDeferNs at most (responder.cc).
+  static void end_burst(Qp& qp, io::TxBatch& tx, Nanos now);
+  static constexpr Nanos kAckDeferNs = 20'000;
   // completer.cc (a response packet for this QP)
   static void completer(Qp& qp, wire::PacketView pkt, io::TxBatch& tx, Nanos now);
   // Expired timers; returns the QP's next deadline (0 = none).
@@ -45,7 +49,8 @@ class Transport {
   // The QP's nearest armed timer (0 = none).
   static Nanos deadline(const Qp& qp) {
     Nanos d = 0;
-    for (Nanos t : {qp.comp_.retrans_deadline, qp.comp_.rnr_deadline, qp.req_.cork_deadline})
+    for (Nanos t :
+         {qp.comp_.retrans_deadline, qp.comp_.rnr_deadline, qp.req_.cork_deadline, qp.resp_.ack_deadline})
       if (t && (!d || t < d)) d = t;
     return d;
   }

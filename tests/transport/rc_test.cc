@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "transport/harness.h"
+#include "transport/transport.h"
 #include <arpa/inet.h>
 
 namespace softrdma::test {
@@ -277,6 +278,93 @@ TEST(Rc, DriverReadsAgainForAThreadThatFoundItBusy) {
   EXPECT_TRUE(handed);
   EXPECT_TRUE(same(h.a, 0, h.b, 0, 8));
   EXPECT_EQ(h.b.counters.get(Counter::tx_acks), 1u);
+}
+
+// The ACK of a QP that also sends waits for that QP's next post, and goes after the request (Transport::
+// end_burst): a ping-pong's answer then reaches the peer before the ACK that the peer's application polls
+// for, so that application is still polling when the answer comes and needs no other thread to receive it.
+// Without a post the ACK goes by its deadline (or when the QP goes away, below); a QP that never sent
+// (ib_write_bw's server) acknowledges at once.
+TEST(Rc, AckOfAQpThatSendsGoesAfterItsNextRequest) {
+  Harness h;
+  std::vector<uint8_t> ops;  // opcodes in send order
+  h.net_.drop_if = [&](uint64_t, std::span<const uint8_t> f) {
+    ops.push_back(f[0]);
+    return false;
+  };
+  const uint8_t write = wire::opcode(wire::Transport::kRc, wire::kOpWriteOnly);
+  const uint8_t ack = wire::opcode(wire::Transport::kRc, wire::kOpAcknowledge);
+  using Ops = std::vector<uint8_t>;
+  // b receives what is on the network now, as one burst (the way a polling application's drive does).
+  auto b_receives = [&] {
+    h.net_.deliver();
+    io::RxPacket pkts[4];
+    const uint32_t k = h.b.be->rx_burst(pkts, 4);
+    ASSERT_EQ(k, 1u);
+    h.b.ctx->rx_burst(std::span(pkts, k), h.b.tx, g_now);
+  };
+  fill(h.a.buf, 0, 64, 1);
+  fill(h.b.buf, 64, 64, 2);
+
+  ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 0, 8, 1).remote(h.b, 0)), 0);
+  b_receives();
+  EXPECT_EQ(ops, (Ops{write, ack})) << "b never sent: its ACK goes at once";
+  std::vector<Wc> wcs;
+  ASSERT_TRUE(h.wait(h.a, h.a.scq, 1, &wcs));
+  ASSERT_EQ(h.post_send(h.b, Wr(h.b, WrOpcode::kRdmaWrite, 64, 8, 2).remote(h.a, 64)), 0);
+  ASSERT_TRUE(h.wait(h.b, h.b.scq, 1, &wcs));
+
+  // The answer first, then the ACK.
+  ops.clear();
+  ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 8, 8, 3).remote(h.b, 8)), 0);
+  b_receives();
+  EXPECT_TRUE(same(h.a, 8, h.b, 8, 8));
+  EXPECT_EQ(ops, (Ops{write}));
+  ASSERT_EQ(h.post_send(h.b, Wr(h.b, WrOpcode::kRdmaWrite, 72, 8, 4).remote(h.a, 72)), 0);
+  EXPECT_EQ(ops, (Ops{write, write, ack}));
+  ASSERT_TRUE(h.wait(h.a, h.a.scq, 1, &wcs));
+  ASSERT_TRUE(h.wait(h.b, h.b.scq, 1, &wcs));
+
+  // No answer: the deadline.
+  ops.clear();
+  ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 16, 8, 5).remote(h.b, 16)), 0);
+  b_receives();
+  const Nanos due = g_now + core::Transport::kAckDeferNs;
+  EXPECT_EQ(h.b.ctx->tick(h.b.tx, due - 1), due);
+  EXPECT_EQ(ops, (Ops{write}));
+  h.b.ctx->tick(h.b.tx, due);
+  EXPECT_EQ(ops, (Ops{write, ack}));
+
+  EXPECT_EQ(h.a.counters.get(Counter::retransmits), 0u);
+}
+
+// A deferred ACK is owed for messages already executed: it goes before the QP stops answering, whether
+// the application destroys it or moves it to ERROR (rdma_disconnect does, right after the last completion).
+TEST(Rc, DeferredAckGoesWhenTheQpGoesAway) {
+  for (bool destroy : {true, false}) {
+    SCOPED_TRACE(destroy ? "destroyed" : "moved to ERROR");
+    Harness h;
+    std::vector<Wc> wcs;
+    ASSERT_EQ(h.post_send(h.b, Wr(h.b, WrOpcode::kRdmaWrite, 0, 8, 1).remote(h.a, 0)), 0);  // b sends
+    ASSERT_TRUE(h.wait(h.b, h.b.scq, 1, &wcs));
+    ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 8, 8, 2).remote(h.b, 8)), 0);
+    h.net_.deliver();
+    io::RxPacket pkts[4];
+    ASSERT_EQ(h.b.be->rx_burst(pkts, 4), 1u);
+    h.b.ctx->rx_burst(std::span(pkts, 1), h.b.tx, g_now);
+    const uint64_t acks = h.b.counters.get(Counter::tx_acks);
+    if (destroy) {
+      ASSERT_EQ(h.b.ctx->destroy_qp(h.b.qp), 0);
+      h.b.qp = nullptr;
+    } else {
+      core::QpAttr at;
+      at.qp_state = QpState::kErr;
+      ASSERT_EQ(h.b.qp->modify(at, kQpState), 0);
+    }
+    EXPECT_EQ(h.b.counters.get(Counter::tx_acks), acks + 1);
+    ASSERT_TRUE(h.wait(h.a, h.a.scq, 1, &wcs, 1));  // well before a's retransmit timer
+    EXPECT_EQ(wcs.back().status, WcStatus::kSuccess);
+  }
 }
 
 // Posts behind packets in flight wait (Qp::post_send): the posting thread's next drive sends them all at

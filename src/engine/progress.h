@@ -37,6 +37,12 @@ class Progress {
   ProgressConfig cfg_;
   int epfd_ = -1;       // the backend's fd and wake_fd_
   int wake_fd_ = -1;
+  int nap_epfd_ = -1;   // wake_fd_ alone: a sleep that packets do not end
+  // An application is about to wait for an event (kick(0), from req_notify): the next sleep watches the
+  // sockets even if the application made verbs calls during the last one.
+  std::atomic<bool> watch_{false};
+  // The last wake-up by packets beside a polling application found some unread (on_packets_while_app_polls).
+  bool packets_found_ = true;
   std::atomic<bool> stop_{false};
   std::atomic<bool> sleeping_{false};
   // When the current sleep ends by itself (kNoTimer: never; 0: not known yet, so every kick wakes).

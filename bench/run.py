@@ -47,6 +47,7 @@ import json
 import math
 import os
 import re
+import select
 import signal
 import statistics
 import struct
@@ -126,11 +127,26 @@ class Proc:
 
     def wait_exit(self, deadline):
         """True once the process has exited (not reaped); False at the deadline."""
-        while not self.exited():
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.005)
-        return True
+        # Asleep on a pidfd until the exit, rather than polling every 5 ms: the harness then does not wake
+        # 200 times a second on the CPUs of the busy-polling processes it measures. (Measured: no change
+        # beyond the noise in the socket-path latency runs; kept as the quieter way.)
+        try:
+            fd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            fd = None
+        try:
+            while not self.exited():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                if fd is None:
+                    time.sleep(min(left, 0.005))
+                else:
+                    select.select([fd], [], [], left)
+            return True
+        finally:
+            if fd is not None:
+                os.close(fd)
 
     def kill(self, sig=signal.SIGKILL):
         if self.rc is None:

@@ -286,10 +286,15 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
   for (uint32_t i = 0; i < n_touched; ++i) {
     Qp& qp = *touched[i];
     std::lock_guard g(qp.lock());
-    Transport::end_burst(qp, tx, now);
+    const Nanos armed = Transport::end_burst(qp, tx, now);
     const Nanos d = Transport::deadline(qp);
     qp.next_deadline.store(d, std::memory_order_relaxed);
     deadline_armed(d);
+    // An application thread that received this burst may stop polling now, and the progress thread may
+    // have read the deadlines before this one and sleep long. Woken only if it would sleep kLateAckNs
+    // past the deadline: one that naps (200 us at most) is not, else every ping-pong iteration (each
+    // defers an ACK) would cost it a wake-up.
+    if (armed) kick(armed + kLateAckNs);
   }
   tx.flush();
   driver_gen_.fetch_add(1, std::memory_order_acq_rel);  // even: idle

@@ -103,11 +103,16 @@ void Transport::flush_ack(Qp& qp, io::TxBatch& tx) {
 // typical half round trip 17-20 -> 5-6 us; ib_send_lat 12 -> 6 us. A QP that never posted a send
 // (ib_write_bw's server) has no answer to wait for and acknowledges at once. IBTA lets a responder
 // coalesce ACKs; the requester's timeout is milliseconds.
-void Transport::end_burst(Qp& qp, io::TxBatch& tx, Nanos now) {
+Nanos Transport::end_burst(Qp& qp, io::TxBatch& tx, Nanos now) {
   RespState& r = qp.resp_;
-  if (!r.ack_pending) return;
-  if (qp.sq_head_ == 0) return flush_ack(qp, tx);
-  if (!r.ack_deadline) r.ack_deadline = now + kAckDeferNs;
+  if (!r.ack_pending) return 0;
+  if (qp.sq_head_ == 0) {
+    flush_ack(qp, tx);
+    return 0;
+  }
+  if (r.ack_deadline) return 0;
+  r.ack_deadline = now + kAckDeferNs;
+  return r.ack_deadline;
 }
 
 namespace {

@@ -23,7 +23,8 @@ class Transport {
   static void flush_ack(Qp& qp, io::TxBatch& tx);
   // At the end of a receive burst: sends the coalesced ACK, or defers it to the QP's next post, for
   // kAckDeferNs at most (responder.cc).
-  static void end_burst(Qp& qp, io::TxBatch& tx, Nanos now);
+  // Returns the deadline it armed (0: none new).
+  static Nanos end_burst(Qp& qp, io::TxBatch& tx, Nanos now);
   static constexpr Nanos kAckDeferNs = 20'000;
   // completer.cc (a response packet for this QP)
   static void completer(Qp& qp, wire::PacketView pkt, io::TxBatch& tx, Nanos now);

@@ -325,11 +325,16 @@ TEST(Rc, AckOfAQpThatSendsGoesAfterItsNextRequest) {
   ASSERT_TRUE(h.wait(h.a, h.a.scq, 1, &wcs));
   ASSERT_TRUE(h.wait(h.b, h.b.scq, 1, &wcs));
 
-  // No answer: the deadline.
+  // No answer: the deadline. A sleeping progress thread is asked to wake if it would sleep well past it
+  // (the application thread that received may not poll again).
   ops.clear();
+  std::vector<Nanos> kicks;
+  h.b.ctx->set_kick([](void* v, Nanos by) { static_cast<std::vector<Nanos>*>(v)->push_back(by); }, &kicks);
   ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 16, 8, 5).remote(h.b, 16)), 0);
   b_receives();
   const Nanos due = g_now + core::Transport::kAckDeferNs;
+  EXPECT_EQ(kicks, (std::vector<Nanos>{due + core::Context::kLateAckNs}));
+  h.b.ctx->set_kick(nullptr, nullptr);
   EXPECT_EQ(h.b.ctx->tick(h.b.tx, due - 1), due);
   EXPECT_EQ(ops, (Ops{write}));
   h.b.ctx->tick(h.b.tx, due);

@@ -142,8 +142,9 @@ class Context {
   // The earliest armed timer (kNoTimer: none), for a driver that is about to sleep.
   Nanos next_timer() const { return next_tick_.load(std::memory_order_seq_cst); }
   static constexpr Nanos kNoTimer = std::numeric_limits<Nanos>::max();
-  // How late past its deadline a deferred ACK may go before a sleeping driver is woken for it (rx_burst).
-  static constexpr Nanos kLateAckNs = 200'000;
+  // How late past its deadline a deferred ACK may go before a sleeping driver is woken for it (rx_burst):
+  // as late as other timers beside a polling application (the progress thread's 20 ms sleep then).
+  static constexpr Nanos kLateAckNs = 20'000'000;
   void set_kick(void (*fn)(void*, Nanos), void* arg) {
     kick_fn_ = fn;
     kick_arg_ = arg;

@@ -21,7 +21,7 @@ void run_requester(Qp& qp) {
   tls_tx.sink = qp.ctx()->backend();
   Transport::requester(qp, tls_tx, qp.ctx()->now());
   // A deferred ACK goes after the requests (Transport::end_burst).
-  if (qp.type() == QpType::kRc) Transport::flush_ack(qp, tls_tx);
+  if (qp.type() == QpType::kRc) Transport::send_answered_ack(qp, tls_tx);
   tls_tx.flush();
   qp.publish_deadline();
 }

@@ -144,6 +144,8 @@ struct RespState {
   uint8_t ack_syndrome = 0;
   uint32_t ack_msn = 0;
   Nanos ack_deadline = 0;  // a deferred ACK goes by then at the latest (0 = none)
+  uint32_t acks_undeferred = 0;  // after deferred ACKs went by their deadline: ACKs left to send at once
+  uint32_t acks_expired = 0;     // deferred ACKs in a row that went by their deadline
   std::vector<RespResource> res;
   uint32_t res_next = 0;
 };

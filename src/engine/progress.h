@@ -38,9 +38,10 @@ class Progress {
   int epfd_ = -1;       // the backend's fd and wake_fd_
   int wake_fd_ = -1;
   int nap_epfd_ = -1;   // wake_fd_ alone: a sleep that packets do not end
-  // An application is about to wait for an event (kick(0), from req_notify): the next sleep watches the
-  // sockets even if the application made verbs calls during the last one.
-  std::atomic<bool> watch_{false};
+  // An application armed a CQ for events (kick(0), from req_notify): until then the sleeps watch the
+  // sockets even if the application makes verbs calls (it polls after each event, not all the time).
+  std::atomic<core::Nanos> watch_until_{0};
+  static constexpr core::Nanos kWatchAfterNotifyNs = 10'000'000;
   // The last wake-up by packets beside a polling application found some unread (on_packets_while_app_polls).
   bool packets_found_ = true;
   std::atomic<bool> stop_{false};

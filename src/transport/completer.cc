@@ -262,7 +262,14 @@ void Transport::completer(Qp& qp, PacketView pkt, io::TxBatch& tx, Nanos now) {
 
 Nanos Transport::timers(Qp& qp, io::TxBatch& tx, Nanos now) {
   CompState& comp = qp.comp_;
-  if (qp.resp_.ack_deadline && now >= qp.resp_.ack_deadline) flush_ack(qp, tx);  // clears it
+  if (qp.resp_.ack_deadline && now >= qp.resp_.ack_deadline) {
+    // No answer came in time: twice in a row, and the next kAckBackoff ACKs go at once.
+    if (qp.resp_.ack_pending && ++qp.resp_.acks_expired >= 2) {
+      qp.resp_.acks_expired = 0;
+      qp.resp_.acks_undeferred = kAckBackoff;
+    }
+    flush_ack(qp, tx);  // clears the deadline
+  }
   if (qp.req_.cork_deadline && now >= qp.req_.cork_deadline) requester(qp, tx, now);  // clears it
   if (qp.type() != QpType::kRc || qp.state() == QpState::kErr || qp.state() == QpState::kReset)
     return qp.req_.cork_deadline;

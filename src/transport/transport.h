@@ -21,11 +21,17 @@ class Transport {
   static void responder(Qp& qp, wire::PacketView pkt, const io::RxPacket& rx, io::TxBatch& tx, Nanos now);
   // Sends the coalesced ACK of the last burst, if any.
   static void flush_ack(Qp& qp, io::TxBatch& tx);
+  // A post sends the ACK it was deferred to (after its own packets): an answer came in time.
+  static void send_answered_ack(Qp& qp, io::TxBatch& tx) {
+    if (qp.resp_.ack_pending) qp.resp_.acks_expired = 0;
+    flush_ack(qp, tx);
+  }
   // At the end of a receive burst: sends the coalesced ACK, or defers it to the QP's next post, for
   // kAckDeferNs at most (responder.cc).
   // Returns the deadline it armed (0: none new).
   static Nanos end_burst(Qp& qp, io::TxBatch& tx, Nanos now);
   static constexpr Nanos kAckDeferNs = 20'000;
+  static constexpr uint32_t kAckBackoff = 64;
   // completer.cc (a response packet for this QP)
   static void completer(Qp& qp, wire::PacketView pkt, io::TxBatch& tx, Nanos now);
   // Expired timers; returns the QP's next deadline (0 = none).

@@ -340,7 +340,45 @@ TEST(Rc, AckOfAQpThatSendsGoesAfterItsNextRequest) {
   h.b.ctx->tick(h.b.tx, due);
   EXPECT_EQ(ops, (Ops{write, ack}));
 
+  // A second deadline in a row: the QP's answers wait for its ACKs, so the next ones go at once.
+  ops.clear();
+  ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 24, 8, 6).remote(h.b, 24)), 0);
+  b_receives();
+  h.b.ctx->tick(h.b.tx, g_now + core::Transport::kAckDeferNs);
+  EXPECT_EQ(ops, (Ops{write, ack}));
+  ASSERT_TRUE(h.wait(h.a, h.a.scq, 2, &wcs));  // a takes both ACKs
+  ops.clear();
+  ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 32, 8, 7).remote(h.b, 32)), 0);
+  b_receives();
+  EXPECT_EQ(ops, (Ops{write, ack})) << "after two deadlines in a row, at once";
+
   EXPECT_EQ(h.a.counters.get(Counter::retransmits), 0u);
+}
+
+// b, a QP that has sent (so its ACKs may be deferred), receives a WRITE from a, alone in its burst; the
+// number of ACKs b sent before that burst.
+uint64_t b_sent_then_receives_a_write(Harness& h) {
+  std::vector<Wc> wcs;
+  EXPECT_EQ(h.post_send(h.b, Wr(h.b, WrOpcode::kRdmaWrite, 0, 8, 1).remote(h.a, 0)), 0);
+  EXPECT_TRUE(h.wait(h.b, h.b.scq, 1, &wcs));
+  EXPECT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 8, 8, 2).remote(h.b, 8)), 0);
+  h.net_.deliver();
+  io::RxPacket pkts[4];
+  EXPECT_EQ(h.b.be->rx_burst(pkts, 4), 1u);
+  const uint64_t acks = h.b.counters.get(Counter::tx_acks);
+  h.b.ctx->rx_burst(std::span(pkts, 1), h.b.tx, g_now);
+  return acks;
+}
+
+// An application that waits for events (a CQ with a completion channel) is not polling when an answer
+// comes, so nothing is gained by the answer overtaking the ACK: its QPs acknowledge at once (rping's
+// server waits for its WRITE's completion before it sends).
+TEST(Rc, QpOfAnEventDrivenApplicationAcknowledgesAtOnce) {
+  QpOptions o;
+  o.recv_channel = true;
+  Harness h({}, o);
+  const uint64_t acks = b_sent_then_receives_a_write(h);
+  EXPECT_EQ(h.b.counters.get(Counter::tx_acks), acks + 1);
 }
 
 // A deferred ACK is owed for messages already executed: it goes before the QP stops answering, whether
@@ -350,14 +388,8 @@ TEST(Rc, DeferredAckGoesWhenTheQpGoesAway) {
     SCOPED_TRACE(destroy ? "destroyed" : "moved to ERROR");
     Harness h;
     std::vector<Wc> wcs;
-    ASSERT_EQ(h.post_send(h.b, Wr(h.b, WrOpcode::kRdmaWrite, 0, 8, 1).remote(h.a, 0)), 0);  // b sends
-    ASSERT_TRUE(h.wait(h.b, h.b.scq, 1, &wcs));
-    ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 8, 8, 2).remote(h.b, 8)), 0);
-    h.net_.deliver();
-    io::RxPacket pkts[4];
-    ASSERT_EQ(h.b.be->rx_burst(pkts, 4), 1u);
-    h.b.ctx->rx_burst(std::span(pkts, 1), h.b.tx, g_now);
-    const uint64_t acks = h.b.counters.get(Counter::tx_acks);
+    const uint64_t acks = b_sent_then_receives_a_write(h);
+    EXPECT_EQ(h.b.counters.get(Counter::tx_acks), acks) << "deferred";
     if (destroy) {
       ASSERT_EQ(h.b.ctx->destroy_qp(h.b.qp), 0);
       h.b.qp = nullptr;

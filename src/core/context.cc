@@ -209,6 +209,12 @@ Qp* Context::find_qp(uint32_t qpn) const {
   return b ? b->qp[qpn & 0xFF].load(std::memory_order_acquire) : nullptr;
 }
 
+void Context::store_deadline(Qp& qp) {
+  const Nanos d = Transport::deadline(qp);
+  qp.next_deadline.store(d, std::memory_order_relaxed);
+  deadline_armed(d);
+}
+
 void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now) {
   driver_gen_.fetch_add(1, std::memory_order_seq_cst);  // odd: busy
   Counters& c = *counters_;
@@ -277,9 +283,7 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
       Transport::completer(*qp, v, tx, now);
       tx.flush();
     }
-    const Nanos d = Transport::deadline(*qp);
-    qp->next_deadline.store(d, std::memory_order_relaxed);
-    deadline_armed(d);
+    store_deadline(*qp);
   }
   // One ACK per QP per burst covers every AckReq packet it received (ACK coalescing); a QP that sends
   // too defers it to its next post (Transport::end_burst).
@@ -287,9 +291,7 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
     Qp& qp = *touched[i];
     std::lock_guard g(qp.lock());
     const Nanos armed = Transport::end_burst(qp, tx, now);
-    const Nanos d = Transport::deadline(qp);
-    qp.next_deadline.store(d, std::memory_order_relaxed);
-    deadline_armed(d);
+    store_deadline(qp);
     // An application thread that received this burst may stop polling now, and the progress thread may
     // have read the deadlines before this one and sleep with no bound. Woken only if it would sleep
     // kLateAckNs past the deadline: one that naps or sleeps beside a polling application is not, else

@@ -167,6 +167,9 @@ class Context {
   };
   std::expected<uint32_t, int> alloc_qpn();
   void send_corked();
+  // Inside rx_burst, under the QP's lock: the QP's nearest timer for the timer scan and the drivers (no
+  // kick: the thread receiving runs the timers; see rx_burst for the one exception).
+  void store_deadline(Qp& qp);
 
   io::Backend* backend_;
   Counters* counters_;

@@ -47,6 +47,10 @@ class Backend : public TxSink {
   virtual void close_port(uint16_t port) = 0;
   // Receives up to `max` packets without blocking. The packets stay valid until the next call.
   virtual uint32_t rx_burst(RxPacket* out, uint32_t max) = 0;
+  // Whether the last rx_burst emptied every source it reads, so that another call right away would most
+  // likely find nothing (a caller that loops over bursts stops then, instead of paying for a receive call
+  // that finds nothing). False when unsure.
+  virtual bool rx_drained() const { return false; }
   // A file descriptor that is readable when rx_burst has something (-1 for backends polled by hand).
   virtual int poll_fd() const = 0;
   virtual const wire::Gid& local_addr() const = 0;

@@ -473,7 +473,11 @@ uint32_t ShmIo::rx_burst(RxPacket* out, uint32_t max) {
   // the next one again (an extra doorbell at worst), then read the rings: whatever was published before
   // the flag is seen here, whatever after rings.
   if (udp_->take_doorbells() != 0 && armed_.load(std::memory_order_relaxed)) set_sleeping();
-  got += rx_rings(out + got, max - got, now);
+  const bool udp_drained = udp_->rx_drained();
+  const uint32_t room = max - got;
+  const uint32_t ring_got = rx_rings(out + got, room, now);
+  got += ring_got;
+  drained_ = udp_drained && ring_got < room && faults_ == nullptr;  // every ring read to its end
   if (faults_) faults_->end_burst(now);
   return got;
 }

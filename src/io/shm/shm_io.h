@@ -89,6 +89,7 @@ class ShmIo : public Backend {
   // UDP packets, then ring packets (a doorbell read here means its packet is in the ring: it is read in the
   // same call). They stay valid until the next call.
   uint32_t rx_burst(RxPacket* out, uint32_t max) override;
+  bool rx_drained() const override { return drained_; }
   int poll_fd() const override { return udp_->poll_fd(); }
   const wire::Gid& local_addr() const override { return udp_->local_addr(); }
   bool arm_wakeup() override;
@@ -149,6 +150,7 @@ class ShmIo : public Backend {
   std::unique_ptr<OwnPort[]> own_;
   std::atomic<uint32_t> n_own_{0};
   std::atomic<bool> armed_{false};  // the receiver sleeps (between arm_wakeup and woke)
+  bool drained_ = false;  // rx_drained (rx_burst's caller only)
   void set_sleeping();
 
   // Sending: destinations by hash (open addressing; entries never removed), and every Peer ever made

@@ -431,11 +431,18 @@ uint32_t UdpIo::rx_burst(RxPacket* out, uint32_t max) {
   uint64_t now = 0;
   if (faults_) got = faults_->begin_burst_now(out, max, &now);  // held packets that are due go first
   const size_t n = nslots_.load(std::memory_order_acquire);
+  drained_ = false;
   if (n != 0 && n <= kDirectRecvMaxSockets) {
-    for (size_t k = 0; k < n && got < max; ++k) {
+    bool drained = faults_ == nullptr;
+    size_t k = 0;
+    for (; k < n && got < max; ++k) {
       Socket* s = slots_[(rx_rr_ + k) % n].load(std::memory_order_acquire);
-      if (s != nullptr) got += recv_socket(*s, out + got, max - got, now);
+      if (s == nullptr) continue;
+      bool emptied = false;
+      got += recv_socket(*s, out + got, max - got, now, &emptied);
+      drained = drained && emptied;
     }
+    drained_ = drained && k == n;
     rx_rr_ = (rx_rr_ + 1) % n;
   } else if (n != 0) {
     // Many sockets: ask epoll which are readable (its ready list rotates, which spreads the work).
@@ -443,14 +450,16 @@ uint32_t UdpIo::rx_burst(RxPacket* out, uint32_t max) {
     const int k = epoll_wait(epfd_, ev, 64, 0);
     for (int j = 0; j < k && got < max; ++j) {
       if (ev[j].data.ptr == nullptr) continue;  // the fault injector's timer
-      got += recv_socket(*static_cast<Socket*>(ev[j].data.ptr), out + got, max - got, now);
+      bool emptied;
+      got += recv_socket(*static_cast<Socket*>(ev[j].data.ptr), out + got, max - got, now, &emptied);
     }
   }
   if (faults_) faults_->end_burst(now);
   return got;
 }
 
-uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t now) {
+uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t now, bool* emptied) {
+  *emptied = false;
   if (s.next_msg >= s.n_msgs) {
     // Under fault injection, half the room: duplicates and reordered packets go right behind the packet
     // that released them.
@@ -465,9 +474,14 @@ uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t no
     do {
       r = recvmmsg(s.fd, s.msgs, vlen, MSG_DONTWAIT | MSG_TRUNC, nullptr);
     } while (r < 0 && errno == EINTR);
-    if (r <= 0) return 0;
+    if (r <= 0) {
+      *emptied = r == 0 || errno == EAGAIN;
+      return 0;
+    }
     s.n_msgs = static_cast<uint32_t>(r);
     s.next_msg = s.next_off = 0;
+    // Fewer than asked for: the queue was empty behind them (once they are all handed out).
+    *emptied = static_cast<uint32_t>(r) < vlen;
   }
 
   uint32_t got = 0;
@@ -568,6 +582,7 @@ uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t no
     bytes += seg_len;
     ++got;
   }
+  *emptied = *emptied && s.next_msg >= s.n_msgs;
   if (got != 0) {
     counters_->add(Counter::rx_packets, got);
     counters_->add(Counter::rx_bytes, bytes);

@@ -75,6 +75,9 @@ class UdpIo : public Backend {
   // due come first). out[i].data points into this object's buffers and stays valid until the next
   // rx_burst call. One caller at a time.
   uint32_t rx_burst(RxPacket* out, uint32_t max) override;
+  // True when each socket's last receive call came back with fewer datagrams than it asked for and none are
+  // left over (not under fault injection, nor with more sockets than kDirectRecvMaxSockets).
+  bool rx_drained() const override { return drained_; }
 
   const wire::Gid& local_addr() const override { return local_addr_; }
   size_t num_ports() const;  // open ones
@@ -103,7 +106,8 @@ class UdpIo : public Backend {
   UdpIo(const wire::Gid& local_addr, uint32_t scope_id, Counters* counters);
   Socket* find_socket(uint16_t port) const;
   static TxScratch& scratch();
-  uint32_t recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t now);
+  // `emptied`: whether this call left the socket with nothing queued that it knows of (see rx_drained).
+  uint32_t recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t now, bool* emptied);
   void send_chunk(Socket& s, TxScratch& t, uint32_t n);
 
   // Fault injection (io/udp/fault_injector.h): on receive, configured by SOFTRDMA_FAULTS; null when off.
@@ -123,6 +127,7 @@ class UdpIo : public Backend {
   std::mutex ctl_mu_;  // open_port / close_port
   std::vector<std::unique_ptr<Socket>> owned_;
   size_t rx_rr_ = 0;  // round-robin start for rx_burst
+  bool drained_ = false;  // rx_drained
   uint32_t doorbells_ = 0;  // empty datagrams rx_burst dropped (take_doorbells)
 
   std::atomic<uint64_t> tx_dropped_{0};

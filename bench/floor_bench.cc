@@ -1,8 +1,13 @@
 // floor-bench: the machine's own floors that bench/run.py sets softrdma's figures against.
 //
-//   floor-bench udp-server PORT                 echo datagrams on 127.0.0.1:PORT, busy-polling, until an
+//   floor-bench udp-server PORT [rc]            echo datagrams on 127.0.0.1:PORT, busy-polling, until an
 //                                               empty datagram arrives
 //   floor-bench udp-client PORT SIZE ITERS      ping-pong SIZE-byte datagrams with that server, busy-polling
+//   floor-bench udp-client PORT SIZE ITERS rc   the same with what an RC WRITE ping-pong puts on the wire per
+//                                               half round trip: a WRITE of SIZE bytes (32 + SIZE rounded up
+//                                               to 4) and an ACK (20 bytes) in one GSO send, received
+//                                               coalesced (UDP_GRO); the server echoes each such message as
+//                                               it came
 //   floor-bench memcpy SIZE SECONDS             copy SIZE bytes between two buffers, again and again, for
 //                                               SECONDS
 //
@@ -12,6 +17,7 @@
 // iteration, halved) in microseconds. memcpy prints the bytes copied per second (10^9 B/s and MiB/s).
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/udp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -49,6 +55,80 @@ int loopback_socket(uint16_t bind_port) {
   return fd;
 }
 
+// rc mode: the WRITE-and-ACK pair per half round trip (see the top of the file).
+constexpr size_t kRcHeaders = 12 + 16 + 4;  // BTH, RETH, ICRC
+constexpr size_t kAckBytes = 12 + 4 + 4;    // BTH, AETH, ICRC
+
+void enable_gro(int fd) {
+  const int one = 1;
+  if (setsockopt(fd, IPPROTO_UDP, UDP_GRO, &one, sizeof one) != 0) die("setsockopt UDP_GRO");
+}
+
+// Sends `len` bytes as datagrams of `seg` bytes (the last may be shorter) in one GSO send; `to` may be null
+// on a connected socket. Returns what sendmsg returns.
+ssize_t send_segments(int fd, const char* buf, size_t len, size_t seg, const sockaddr_in* to) {
+  iovec iov{const_cast<char*>(buf), len};
+  msghdr h{};
+  h.msg_name = const_cast<sockaddr_in*>(to);
+  h.msg_namelen = to != nullptr ? sizeof *to : 0;
+  h.msg_iov = &iov;
+  h.msg_iovlen = 1;
+  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(uint16_t))] = {};
+  if (seg < len) {
+    h.msg_control = ctrl;
+    h.msg_controllen = sizeof ctrl;
+    cmsghdr* c = CMSG_FIRSTHDR(&h);
+    c->cmsg_level = SOL_UDP;
+    c->cmsg_type = UDP_SEGMENT;
+    c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+    const auto s16 = static_cast<uint16_t>(seg);
+    std::memcpy(CMSG_DATA(c), &s16, sizeof s16);
+  }
+  return sendmsg(fd, &h, 0);
+}
+
+// Receives one message without blocking: its length, and in *seg the size of the datagrams the kernel
+// coalesced into it (its length when it is one datagram). -1 with errno as recvmsg.
+ssize_t recv_coalesced(int fd, char* buf, size_t size, sockaddr_in* from, size_t* seg) {
+  iovec iov{buf, size};
+  msghdr h{};
+  h.msg_name = from;
+  h.msg_namelen = from != nullptr ? sizeof *from : 0;
+  h.msg_iov = &iov;
+  h.msg_iovlen = 1;
+  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))];
+  h.msg_control = ctrl;
+  h.msg_controllen = sizeof ctrl;
+  const ssize_t n = recvmsg(fd, &h, MSG_DONTWAIT);
+  if (n < 0) return n;
+  *seg = static_cast<size_t>(n);
+  for (cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr; c = CMSG_NXTHDR(&h, c)) {
+    if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
+      int v = 0;
+      std::memcpy(&v, CMSG_DATA(c), sizeof v);
+      if (v > 0) *seg = static_cast<size_t>(v);
+    }
+  }
+  return n;
+}
+
+int udp_server_rc(uint16_t port) {
+  const int fd = loopback_socket(port);
+  enable_gro(fd);
+  std::vector<char> buf(kMaxDatagram);
+  for (;;) {
+    sockaddr_in from{};
+    size_t seg = 0;
+    const ssize_t n = recv_coalesced(fd, buf.data(), buf.size(), &from, &seg);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) continue;
+      die("recvmsg");
+    }
+    if (n == 0) return 0;  // the client's stop signal
+    if (send_segments(fd, buf.data(), static_cast<size_t>(n), seg, &from) != n) die("sendmsg");
+  }
+}
+
 int udp_server(uint16_t port) {
   const int fd = loopback_socket(port);
   std::vector<char> buf(kMaxDatagram);
@@ -80,38 +160,46 @@ bool recv_spin(int fd, char* buf, size_t size, Clock::duration timeout, bool ref
   }
 }
 
-int udp_client(uint16_t port, size_t size, long iters) {
+// A client socket connected to the server on 127.0.0.1:port.
+int client_socket(uint16_t port) {
   const int fd = loopback_socket(0);
   sockaddr_in to{};
   to.sin_family = AF_INET;
   to.sin_port = htons(port);
   to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) die("connect");
-  std::vector<char> buf(std::max<size_t>(size, 1));
-  std::vector<double> rtt_us;
-  rtt_us.reserve(static_cast<size_t>(iters));
+  return fd;
+}
+
+// The client's ping-pong on `fd`: ping() sends one ping (false on an error other than ECONNREFUSED),
+// pong(timeout, refused_ok) spins for its answer. Prints the client's line (see the top of the file).
+template <class Ping, class Pong>
+int ping_pong(int fd, uint16_t port, size_t size, long iters, Ping ping, Pong pong) {
   // The server may still be starting: repeat the first ping until it answers.
   for (int tries = 0;; ++tries) {
-    if (send(fd, buf.data(), size, 0) != static_cast<ssize_t>(size) && errno != ECONNREFUSED) die("send");
-    if (recv_spin(fd, buf.data(), buf.size(), std::chrono::milliseconds(100), true)) break;
+    if (!ping()) die("send");
+    if (pong(std::chrono::milliseconds(100), true)) break;
     if (tries == 200) {
       std::fprintf(stderr, "floor-bench: no answer from 127.0.0.1:%u\n", port);
       return 1;
     }
     usleep(10000);
   }
+  std::vector<double> rtt_us;
+  rtt_us.reserve(static_cast<size_t>(iters));
   const auto start = Clock::now();
   for (long i = 0; i < kWarmup + iters; ++i) {
     const auto t0 = Clock::now();
-    if (send(fd, buf.data(), size, 0) != static_cast<ssize_t>(size)) die("send");
-    if (!recv_spin(fd, buf.data(), buf.size(), kReplyTimeout)) {
+    if (!ping()) die("send");
+    if (!pong(kReplyTimeout, false)) {
       std::fprintf(stderr, "floor-bench: reply %ld lost\n", i);
       return 1;
     }
     if (i >= kWarmup) rtt_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
   }
   const double total_s = std::chrono::duration<double>(Clock::now() - start).count();
-  send(fd, buf.data(), 0, 0);  // stop the server
+  char stop = 0;
+  send(fd, &stop, 0, 0);  // an empty datagram stops the server
   std::sort(rtt_us.begin(), rtt_us.end());
   double sum = 0;
   for (double r : rtt_us) sum += r;
@@ -120,6 +208,53 @@ int udp_client(uint16_t port, size_t size, long iters) {
       size, iters, sum / static_cast<double>(iters) / 2, rtt_us[rtt_us.size() / 2] / 2, rtt_us.front() / 2,
       total_s);
   return 0;
+}
+
+int udp_client(uint16_t port, size_t size, long iters) {
+  const int fd = client_socket(port);
+  std::vector<char> buf(std::max<size_t>(size, 1));
+  const auto ping = [&] {
+    return send(fd, buf.data(), size, 0) == static_cast<ssize_t>(size) || errno == ECONNREFUSED;
+  };
+  const auto pong = [&](Clock::duration timeout, bool refused_ok) {
+    return recv_spin(fd, buf.data(), buf.size(), timeout, refused_ok);
+  };
+  return ping_pong(fd, port, size, iters, ping, pong);
+}
+
+// rc mode: a WRITE-and-ACK pair each way per iteration.
+int udp_client_rc(uint16_t port, size_t size, long iters) {
+  const size_t write_len = kRcHeaders + (size + 3) / 4 * 4;
+  const size_t total = write_len + kAckBytes;
+  if (total > kMaxDatagram) {
+    std::fprintf(stderr, "floor-bench: SIZE too large for rc mode\n");
+    return 2;
+  }
+  const int fd = client_socket(port);
+  enable_gro(fd);
+  std::vector<char> out(total, 0x5a), in(kMaxDatagram);
+  const auto ping = [&] {
+    return send_segments(fd, out.data(), total, write_len, nullptr) == static_cast<ssize_t>(total) ||
+           errno == ECONNREFUSED;
+  };
+  // Spins until the pair came back, coalesced or not.
+  const auto pong = [&](Clock::duration timeout, bool refused_ok) {
+    const auto deadline = Clock::now() + timeout;
+    size_t got = 0;
+    while (got < total) {
+      size_t seg;
+      const ssize_t n = recv_coalesced(fd, in.data(), in.size(), nullptr, &seg);
+      if (n >= 0) {
+        got += static_cast<size_t>(n);
+        continue;
+      }
+      if (errno == ECONNREFUSED && refused_ok) return false;
+      if (errno != EAGAIN && errno != EINTR) die("recvmsg");
+      if (Clock::now() > deadline) return false;
+    }
+    return true;
+  };
+  return ping_pong(fd, port, size, iters, ping, pong);
 }
 
 int memcpy_loop(size_t size, double seconds) {
@@ -145,8 +280,8 @@ int memcpy_loop(size_t size, double seconds) {
 
 int usage() {
   std::fprintf(stderr,
-               "usage: floor-bench udp-server PORT\n"
-               "       floor-bench udp-client PORT SIZE ITERS\n"
+               "usage: floor-bench udp-server PORT [rc]\n"
+               "       floor-bench udp-client PORT SIZE ITERS [rc]\n"
                "       floor-bench memcpy SIZE SECONDS\n");
   return 2;
 }
@@ -157,12 +292,16 @@ int main(int argc, char** argv) {
   if (argc < 2) return usage();
   const auto num = [&](int i) { return std::strtoull(argv[i], nullptr, 0); };
   const std::string_view cmd = argv[1];
-  if (cmd == "udp-server" && argc == 3) return udp_server(static_cast<uint16_t>(num(2)));
-  if (cmd == "udp-client" && argc == 5) {
+  const bool rc = argc >= 2 && std::string_view(argv[argc - 1]) == "rc";
+  const int args = argc - (rc ? 1 : 0);
+  if (cmd == "udp-server" && args == 3)
+    return rc ? udp_server_rc(static_cast<uint16_t>(num(2))) : udp_server(static_cast<uint16_t>(num(2)));
+  if (cmd == "udp-client" && args == 5) {
     const size_t size = num(3);
     const long iters = static_cast<long>(num(4));
     if (size == 0 || size > kMaxDatagram || iters < 1) return usage();
-    return udp_client(static_cast<uint16_t>(num(2)), size, iters);
+    return rc ? udp_client_rc(static_cast<uint16_t>(num(2)), size, iters)
+              : udp_client(static_cast<uint16_t>(num(2)), size, iters);
   }
   if (cmd == "memcpy" && argc == 4) {
     const double seconds = std::strtod(argv[3], nullptr);

@@ -467,16 +467,28 @@ uint32_t ShmIo::rx_burst(RxPacket* out, uint32_t max) {
   uint32_t got = 0;
   uint64_t now = 0;
   if (faults_) got = faults_->begin_burst_now(out, max, &now);  // held packets that are due go first
-  got += udp_->rx_burst(out + got, max - got);
-  // A doorbell read by a thread other than the sleeper (an application thread polling its CQ) leaves the
-  // sleeper asleep: its edge-triggered epoll drops the wake-up of a socket already read. Ask the senders for
-  // the next one again (an extra doorbell at worst), then read the rings: whatever was published before
-  // the flag is seen here, whatever after rings.
-  if (udp_->take_doorbells() != 0 && armed_.load(std::memory_order_relaxed)) set_sleeping();
-  const bool udp_drained = udp_->rx_drained();
+  // While the rings carry packets, a caller that polls again and again reads the socket at most every
+  // kUdpPollGapNs: a receive call that finds nothing costs more than a look at every ring, and it stood
+  // between each look (same-host 8-byte ib_send_lat: a recvmmsg per poll).
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  const uint64_t t = static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
+  const bool read_udp = faults_ != nullptr || t >= rings_busy_until_ || t - udp_read_at_ >= kUdpPollGapNs;
+  bool udp_drained = true;
+  if (read_udp) {
+    udp_read_at_ = t;
+    got += udp_->rx_burst(out + got, max - got);
+    // A doorbell read by a thread other than the sleeper (an application thread polling its CQ) leaves the
+    // sleeper asleep: its edge-triggered epoll drops the wake-up of a socket already read. Ask the senders
+    // for the next one again (an extra doorbell at worst), then read the rings: whatever was published
+    // before the flag is seen here, whatever after rings.
+    if (udp_->take_doorbells() != 0 && armed_.load(std::memory_order_relaxed)) set_sleeping();
+    udp_drained = udp_->rx_drained();
+  }
   const uint32_t room = max - got;
   const uint32_t ring_got = rx_rings(out + got, room, now);
   got += ring_got;
+  if (ring_got != 0) rings_busy_until_ = t + kRingsBusyNs;
   drained_ = udp_drained && ring_got < room && faults_ == nullptr;  // every ring read to its end
   if (faults_) faults_->end_burst(now);
   return got;

@@ -151,6 +151,12 @@ class ShmIo : public Backend {
   std::atomic<uint32_t> n_own_{0};
   std::atomic<bool> armed_{false};  // the receiver sleeps (between arm_wakeup and woke)
   bool drained_ = false;  // rx_drained (rx_burst's caller only)
+  // rx_burst reads the UDP socket at most every kUdpPollGapNs until kRingsBusyNs after the rings last gave
+  // a packet (rx_burst's caller only; CLOCK_MONOTONIC ns).
+  static constexpr uint64_t kUdpPollGapNs = 2'000;
+  static constexpr uint64_t kRingsBusyNs = 100'000;
+  uint64_t udp_read_at_ = 0;
+  uint64_t rings_busy_until_ = 0;
   void set_sleeping();
 
   // Sending: destinations by hash (open addressing; entries never removed), and every Peer ever made

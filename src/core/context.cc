@@ -411,7 +411,10 @@ bool Context::drive_from_app() {
   const uint32_t empty = app_empty_polls_.load(std::memory_order_relaxed) + 1;
   app_empty_polls_.store(empty, std::memory_order_relaxed);
   app_poll_seq_.store(app_poll_seq_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  if (empty >= kBusyPollRun && (polls & 15) == 1) app_drive_ns_.store(t, std::memory_order_relaxed);
+  if (empty >= kBusyPollRun && (polls & 15) == 1) {
+    app_drive_ns_.store(t, std::memory_order_relaxed);
+    app_cpu_.store(sched_getcpu(), std::memory_order_relaxed);
+  }
   // Posts this thread left queued go in this drive (send_corked); UC/UD ones complete as they go.
   const bool corked = tls_corked.n != 0 && tls_corked.ctx == this;
   const int got = drive(tx, t, false);

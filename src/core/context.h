@@ -112,6 +112,8 @@ class Context {
   // Counts the application's empty polls (a hint: relaxed, lost updates possible): a value that does not
   // move for microseconds means no thread polls right now.
   uint32_t app_poll_seq() const { return app_poll_seq_.load(std::memory_order_relaxed); }
+  // The CPU a busy-polling application thread was last seen on (-1: none yet; a hint, as app_poll_seq).
+  int app_cpu() const { return app_cpu_.load(std::memory_order_relaxed); }
   // Counts the application's posts and the polls that found completions (a hint, as app_poll_seq).
   void note_app_call() { app_calls_.store(app_calls_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
   // Moves with every post and poll: a value that stays put while the progress thread spins means no
@@ -186,6 +188,7 @@ class Context {
   std::atomic<uint32_t> rc_sending_{0};
   std::atomic<uint32_t> next_pd_id_{0};
   std::atomic<Nanos> app_drive_ns_{0};  // when an application thread was last seen busy-polling
+  std::atomic<int> app_cpu_{-1};        // app_cpu
   static constexpr uint32_t kBusyPollRun = 64;
   static constexpr uint32_t kYieldAfterBlockedPolls = 64;
   static constexpr uint32_t kYieldAfterIdlePolls = 16;

@@ -6,7 +6,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <ctime>
+#include <mutex>
+#include <vector>
 
 #include "transport/transport.h"
 
@@ -20,14 +23,53 @@ Nanos Context::now_ns() {
   return Nanos(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
 }
 
+namespace {
+// The contexts of this process, for flush_deferred_acks_at_exit. Never destroyed: an exit handler may run
+// after static destructors of this library.
+struct LiveContexts {
+  std::mutex mu;
+  std::vector<Context*> all;
+  // The process that registered them: a forked child inherits the list (and maybe `mu` held by a thread
+  // that does not exist in it), not the contexts.
+  std::atomic<pid_t> pid{0};
+};
+LiveContexts& live_contexts() {
+  static auto* live = new LiveContexts;
+  return *live;
+}
+}  // namespace
+
 Context::Context(io::Backend* backend, Counters* counters, const ContextConfig& cfg)
     : backend_(backend), counters_(counters), cfg_(cfg), blocks_(new std::atomic<QpBlock*>[65536]) {
   for (uint32_t i = 0; i < 65536; ++i) blocks_[i].store(nullptr, std::memory_order_relaxed);
   async_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK | EFD_SEMAPHORE);
   if (cfg.mr_key_seed != 0) mrs_.seed_keys(cfg.mr_key_seed);
+  LiveContexts& live = live_contexts();
+  std::lock_guard g(live.mu);
+  if (live.pid.load() != getpid()) {
+    if (live.pid.load() == 0) std::atexit(flush_deferred_acks_at_exit);
+    live.pid.store(getpid());
+    live.all.clear();
+  }
+  live.all.push_back(this);
+}
+
+void Context::flush_deferred_acks_at_exit() {
+  LiveContexts& live = live_contexts();
+  if (live.pid.load() != getpid()) return;  // a forked child's exit: the QPs are its parent's
+  std::lock_guard g(live.mu);
+  for (Context* ctx : live.all) {
+    std::lock_guard c(ctx->mu_);
+    for (Qp* qp : ctx->qps_) qp->flush_deferred_ack();
+  }
 }
 
 Context::~Context() {
+  {
+    LiveContexts& live = live_contexts();
+    std::lock_guard g(live.mu);
+    std::erase(live.all, this);
+  }
   for (Qp* qp : qps_) {
     qp->flush_deferred_ack();
     delete qp;

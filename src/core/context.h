@@ -48,6 +48,10 @@ class Context {
   // `backend` and `counters` must outlive the context.
   Context(io::Backend* backend, Counters* counters, const ContextConfig& cfg);
   ~Context();
+  // Sends the ACKs that the QPs of every context of this process deferred (Transport::end_burst). Run at
+  // exit (registered with the first context): a process that exits without closing its devices must not
+  // leave its peer retransmitting towards it for messages it received. A NIC would have acknowledged them.
+  static void flush_deferred_acks_at_exit();
 
   const ContextConfig& config() const { return cfg_; }
   io::Backend* backend() const { return backend_; }

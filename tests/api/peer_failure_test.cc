@@ -14,6 +14,7 @@
 
 #include "softrdma/connect.h"
 #include "softrdma/softrdma.h"
+#include "util/socket_path.h"
 #include "util/wr.h"
 #include "util/sanitizer.h"
 
@@ -55,15 +56,50 @@ struct Peer {
   }
 };
 
-// Starts a child peer; returns its side-channel socket in `p`.
-void start_peer(Peer& p) {
+// A child that, once connected, WRITEs 8 bytes of 0x11 to the start of the parent's buffer, then polls its
+// CQ until the parent's WRITE of 0x77 lands at byte 100 of its own buffer, and exits at once with exit(0),
+// closing nothing.
+[[noreturn]] void write_then_exit(int fd) {
+  auto ctx = testutil::open_socket_path();  // on the same-host path, the parent's WRITE needs no ACK
+  if (!ctx) _exit(2);
+  auto pd = *ctx->alloc_pd();
+  auto cq = *ctx->create_cq(16);
+  std::vector<uint8_t> buf(4096, 0x11);
+  auto mr = *pd->reg_mr(buf.data(), buf.size(), kLocalWrite | kRemoteWrite);
+  QpInit init;
+  init.send_cq = init.recv_cq = cq.get();
+  auto qp = *pd->create_qp(init);
+  const PeerInfo mine = local_info(*ctx, *qp, mr.get());
+  auto peer = exchange(fd, mine);
+  if (!peer || !connect_qp(*ctx, *qp, mine, *peer)) _exit(3);
+  char ready = 1;
+  if (write(fd, &ready, 1) != 1) _exit(4);
+  // A QP that has sent defers its ACKs to its next post (Transport::end_burst).
+  Sge s = mr->sge(0, 8);
+  if (!qp->post_send(testutil::signaled_write(s, peer->addr, peer->rkey, 1))) _exit(5);
+  Wc wc;
+  const auto end = Clock::now() + std::chrono::seconds(10);
+  while (cq->poll(std::span(&wc, 1)) == 0)
+    if (Clock::now() > end) _exit(6);
+  if (wc.status != WcStatus::kSuccess) _exit(7);
+  const volatile uint8_t* flag = buf.data() + 100;
+  while (*flag != 0x77) {
+    cq->poll(std::span(&wc, 1));  // this thread receives the WRITE, and its ACK waits
+    if (Clock::now() > end) _exit(8);
+  }
+  std::exit(0);
+}
+
+// Starts a child peer running `body`; returns its side-channel socket in `p`.
+void start_peer(Peer& p, void (*body)(int) = serve) {
   int sv[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
   p.pid = fork();
   ASSERT_GE(p.pid, 0);
   if (p.pid == 0) {
     close(sv[0]);
-    serve(sv[1]);
+    body(sv[1]);
+    _exit(0);
   }
   close(sv[1]);
   p.fd = sv[0];
@@ -163,6 +199,37 @@ TEST(PeerFailure, KilledPeerGivesRetryExceededAndAQpEventThenReconnects) {
   ASSERT_NO_FATAL_FAILURE(s.connect(second, opt));
   ASSERT_NO_FATAL_FAILURE(s.post_write(kBuf, 7));
   EXPECT_EQ(s.next(std::chrono::seconds(10)).status, WcStatus::kSuccess);
+}
+
+// A peer that exits right after it received a WRITE, without destroying or closing anything, while the ACK
+// for that WRITE was deferred: the exit handler (core::Context::flush_deferred_acks_at_exit) sends it, so
+// the WRITE completes with success, as it would with a NIC, rather than with RETRY_EXC_ERR.
+TEST(PeerFailure, PeerThatExitsWithoutClosingStillAcknowledges) {
+  if (testutil::kTsan) GTEST_SKIP() << "TSan cannot start threads in a child of a multi-threaded process";
+  Peer child;
+  ASSERT_NO_FATAL_FAILURE(start_peer(child, write_then_exit));
+  Survivor s;
+  s.ctx = testutil::open_socket_path();
+  ASSERT_TRUE(s.ctx);
+  s.pd = *s.ctx->alloc_pd();
+  s.cq = *s.ctx->create_cq(16);
+  s.mr = *s.pd->reg_mr(s.buf.data(), s.buf.size(), kLocalWrite | kRemoteWrite);
+  ConnectOptions opt;
+  opt.timeout = 12;  // 16.8 ms, 4 tries: a lost ACK fails the WRITE within about 70 ms
+  opt.retry_cnt = 3;
+  ASSERT_NO_FATAL_FAILURE(s.connect(child, opt));
+  const volatile uint8_t* first = s.buf.data();
+  const auto end = Clock::now() + std::chrono::seconds(10);
+  while (first[0] != 0x11 || first[7] != 0x11) ASSERT_LT(Clock::now(), end) << "the child's WRITE never came";
+  s.buf[100] = 0x77;
+  Sge sge = s.mr->sge(100, 1);
+  ASSERT_TRUE(s.qp->post_send(testutil::signaled_write(sge, s.peer.addr + 100, s.peer.rkey, 9)));
+  const Wc wc = s.next(std::chrono::seconds(5));
+  EXPECT_EQ(wc.status, WcStatus::kSuccess);
+  int status = 0;
+  ASSERT_EQ(waitpid(child.pid, &status, 0), child.pid);
+  child.pid = -1;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include "softrdma/connect.h"
 #include "softrdma/softrdma.h"
+#include "util/socket_path.h"
 #include "util/sanitizer.h"
 #include "util/wr.h"
 
@@ -23,18 +24,7 @@ namespace {
 // under test): the responder's copy and that read race by design, as a NIC's DMA and a CPU's read do.
 constexpr const char* kTsanSkip = "spins on memory an RDMA WRITE lands in: a race by design under TSan";
 
-// Opens sr_lo on the socket path (UDP), whatever the environment says, and gives the setting back.
-std::unique_ptr<Context> open_socket_path() {
-  const char* old = std::getenv("SOFTRDMA_SHM");
-  const std::string saved = old ? old : "";
-  setenv("SOFTRDMA_SHM", "0", 1);
-  auto ctx = Context::open("sr_lo");
-  if (old)
-    setenv("SOFTRDMA_SHM", saved.c_str(), 1);
-  else
-    unsetenv("SOFTRDMA_SHM");
-  return ctx ? std::move(*ctx) : nullptr;
-}
+using testutil::open_socket_path;
 
 // Two QPs of one context on the socket path, connected to each other, and a source and a destination.
 struct Loop {

@@ -382,21 +382,24 @@ TEST(Rc, QpOfAnEventDrivenApplicationAcknowledgesAtOnce) {
 }
 
 // A deferred ACK is owed for messages already executed: it goes before the QP stops answering, whether
-// the application destroys it or moves it to ERROR (rdma_disconnect does, right after the last completion).
+// the application destroys it or moves it to ERROR (rdma_disconnect does, right after the last completion),
+// or the process exits without either (the exit handler).
 TEST(Rc, DeferredAckGoesWhenTheQpGoesAway) {
-  for (bool destroy : {true, false}) {
-    SCOPED_TRACE(destroy ? "destroyed" : "moved to ERROR");
+  for (const char* how : {"destroyed", "moved to ERROR", "process exits"}) {
+    SCOPED_TRACE(how);
     Harness h;
     std::vector<Wc> wcs;
     const uint64_t acks = b_sent_then_receives_a_write(h);
     EXPECT_EQ(h.b.counters.get(Counter::tx_acks), acks) << "deferred";
-    if (destroy) {
+    if (how[0] == 'd') {
       ASSERT_EQ(h.b.ctx->destroy_qp(h.b.qp), 0);
       h.b.qp = nullptr;
-    } else {
+    } else if (how[0] == 'm') {
       core::QpAttr at;
       at.qp_state = QpState::kErr;
       ASSERT_EQ(h.b.qp->modify(at, kQpState), 0);
+    } else {
+      core::Context::flush_deferred_acks_at_exit();
     }
     EXPECT_EQ(h.b.counters.get(Counter::tx_acks), acks + 1);
     ASSERT_TRUE(h.wait(h.a, h.a.scq, 1, &wcs, 1));  // well before a's retransmit timer

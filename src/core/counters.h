@@ -52,7 +52,9 @@ namespace softrdma {
   X(drop_shm_ring_full, "dropped: the peer's shared-memory ring was full")             \
   X(shm_doorbells, "wake-ups sent to a sleeping same-host peer")                        \
   X(direct_ops, "RDMA WRITEs and READs done in a same-host peer's memory directly (no packet)") \
-  X(direct_bytes, "bytes those moved")
+  X(direct_bytes, "bytes those moved")                                                  \
+  X(acks_deferred, "RC ACKs deferred to the QP's next post (at most 20 us)")           \
+  X(acks_deferred_late, "deferred ACKs that went by their deadline, no post in time")
 
 enum class Counter : uint32_t {
 #define SOFTRDMA_X(name, desc) name,

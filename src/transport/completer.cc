@@ -264,9 +264,12 @@ Nanos Transport::timers(Qp& qp, io::TxBatch& tx, Nanos now) {
   CompState& comp = qp.comp_;
   if (qp.resp_.ack_deadline && now >= qp.resp_.ack_deadline) {
     // No answer came in time: twice in a row, and the next kAckBackoff ACKs go at once.
-    if (qp.resp_.ack_pending && ++qp.resp_.acks_expired >= 2) {
-      qp.resp_.acks_expired = 0;
-      qp.resp_.acks_undeferred = kAckBackoff;
+    if (qp.resp_.ack_pending) {
+      qp.ctx()->counters().add(Counter::acks_deferred_late);
+      if (++qp.resp_.acks_expired >= 2) {
+        qp.resp_.acks_expired = 0;
+        qp.resp_.acks_undeferred = kAckBackoff;
+      }
     }
     flush_ack(qp, tx);  // clears the deadline
   }

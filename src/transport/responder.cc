@@ -119,6 +119,7 @@ Nanos Transport::end_burst(Qp& qp, io::TxBatch& tx, Nanos now) {
     return 0;
   }
   if (r.ack_deadline) return 0;
+  qp.ctx()->counters().add(Counter::acks_deferred);
   r.ack_deadline = now + kAckDeferNs;
   return r.ack_deadline;
 }

@@ -322,6 +322,8 @@ TEST(Rc, AckOfAQpThatSendsGoesAfterItsNextRequest) {
   EXPECT_EQ(ops, (Ops{write}));
   ASSERT_EQ(h.post_send(h.b, Wr(h.b, WrOpcode::kRdmaWrite, 72, 8, 4).remote(h.a, 72)), 0);
   EXPECT_EQ(ops, (Ops{write, write, ack}));
+  EXPECT_EQ(h.b.counters.get(Counter::acks_deferred), 1u);
+  EXPECT_EQ(h.b.counters.get(Counter::acks_deferred_late), 0u);
   ASSERT_TRUE(h.wait(h.a, h.a.scq, 1, &wcs));
   ASSERT_TRUE(h.wait(h.b, h.b.scq, 1, &wcs));
 
@@ -339,6 +341,8 @@ TEST(Rc, AckOfAQpThatSendsGoesAfterItsNextRequest) {
   EXPECT_EQ(ops, (Ops{write}));
   h.b.ctx->tick(h.b.tx, due);
   EXPECT_EQ(ops, (Ops{write, ack}));
+  EXPECT_EQ(h.b.counters.get(Counter::acks_deferred), 2u);
+  EXPECT_EQ(h.b.counters.get(Counter::acks_deferred_late), 1u);
 
   // A second deadline in a row: the QP's answers wait for its ACKs, so the next ones go at once.
   ops.clear();

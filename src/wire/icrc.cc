@@ -122,6 +122,7 @@ uint32_t icrc_for_udp(const Endpoint& src, const Endpoint& dst,
   }
   put_udp(ph.append(kUdpLen), src.port, dst.port, udp_len);
 
+  assert(total >= kBthLen);
   // A small packet is gathered whole after the pseudo header: one CRC call rather than one per piece (an
   // 8-byte WRITE is 4 pieces, and each call costs more than its bytes).
   if (total <= kSmallPacket) {
@@ -147,7 +148,6 @@ uint32_t icrc_for_udp(const Endpoint& src, const Endpoint& dst,
       off = 0;
     }
   }
-  assert(total >= kBthLen);
   bth[kBthMaskedByte] = 0xFF;
 
   uint32_t crc = crc32(0, ph.bytes, ph.len);

@@ -11,6 +11,8 @@
 #include <new>
 #include <thread>
 
+#include "io/clock.h"
+
 namespace softrdma::io::shm {
 
 namespace {
@@ -24,12 +26,6 @@ constexpr size_t kFileBytes = (kQpOffset + size_t{kQpSlots} * sizeof(SharedQp) +
 SharedMr* mrs(void* map) { return reinterpret_cast<SharedMr*>(static_cast<uint8_t*>(map) + kMrOffset); }
 SharedQp* qps(void* map) { return reinterpret_cast<SharedQp*>(static_cast<uint8_t*>(map) + kQpOffset); }
 uint32_t mr_slot(uint32_t key) { return (key * 0x9E3779B1u) & (kMrSlots - 1); }
-
-uint64_t now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1'000'000'000ull + uint64_t(ts.tv_nsec);
-}
 
 // A writer's bracket around an entry's fields (readers retry nothing: a change seen means "not now").
 template <class E>
@@ -126,8 +122,8 @@ void AccessTable::withdraw_mr(uint32_t key) {
     end_write(e);
     // Readers announce themselves in `inflight` before they re-check the entry: once the count is zero, no
     // one can still copy into or out of the region.
-    const uint64_t deadline = now_ns() + kDeregWaitNs;
-    while (e.inflight.load(std::memory_order_seq_cst) != 0 && now_ns() < deadline) std::this_thread::yield();
+    const uint64_t deadline = monotonic_ns() + kDeregWaitNs;
+    while (e.inflight.load(std::memory_order_seq_cst) != 0 && monotonic_ns() < deadline) std::this_thread::yield();
     return;
   }
 }

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <new>
 
+#include "io/clock.h"
 #include "io/proc.h"
 #include "io/shm/access_table.h"
 #include "wire/headers.h"
@@ -28,11 +29,7 @@ using shm::Slot;
 
 namespace {
 
-uint64_t coarse_now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  return uint64_t(ts.tv_sec) * 1'000'000'000ull + uint64_t(ts.tv_nsec);
-}
+uint64_t coarse_now_ns() { return monotonic_ns(CLOCK_MONOTONIC_COARSE); }
 
 uint32_t hash_endpoint(const wire::Endpoint& ep) {
   uint64_t h = 0xcbf29ce484222325ull;
@@ -470,9 +467,7 @@ uint32_t ShmIo::rx_burst(RxPacket* out, uint32_t max) {
   // While the rings carry packets, a caller that polls again and again reads the socket at most every
   // kUdpPollGapNs: a receive call that finds nothing costs more than a look at every ring, and it stood
   // between each look (same-host 8-byte ib_send_lat: a recvmmsg per poll).
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  const uint64_t t = static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
+  const uint64_t t = monotonic_ns();
   const bool read_udp = faults_ != nullptr || t >= rings_busy_until_ || t - udp_read_at_ >= kUdpPollGapNs;
   bool udp_drained = true;
   if (read_udp) {
@@ -581,9 +576,7 @@ void ShmIo::tx_burst(std::span<TxPacket> pkts) {
 // room, as the UDP backend waits for a full socket buffer; then the packet is dropped.
 Slot* ShmIo::claim_waiting(Peer& peer, uint64_t* pos, uint16_t src_port, int64_t* budget) {
   if (*budget <= 0) return nullptr;
-  timespec t0, t1;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
-  const uint64_t now = uint64_t(t0.tv_sec) * 1'000'000'000ull + uint64_t(t0.tv_nsec);
+  const uint64_t now = monotonic_ns();
   if (now < peer.stalled_until.load(std::memory_order_relaxed)) return nullptr;  // a receiver that stopped
   wake(peer, src_port);
   for (uint32_t spins = 1;; ++spins) {
@@ -592,8 +585,7 @@ Slot* ShmIo::claim_waiting(Peer& peer, uint64_t* pos, uint16_t src_port, int64_t
     else
       sched_yield();
     Slot* s = peer.ring.claim(pos);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    const int64_t spent = (t1.tv_sec - t0.tv_sec) * 1'000'000'000 + (t1.tv_nsec - t0.tv_nsec);
+    const auto spent = static_cast<int64_t>(monotonic_ns() - now);
     if (s != nullptr || spent >= *budget) {
       *budget -= spent;
       // A whole budget without room: the receiver is not reading (dead, or stopped). Drop at once for a

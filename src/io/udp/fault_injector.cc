@@ -12,6 +12,7 @@
 #include <cstring>
 #include <new>
 
+#include "io/clock.h"
 #include "wire/headers.h"
 
 namespace softrdma::io {
@@ -147,11 +148,7 @@ std::expected<std::unique_ptr<RxFaults>, int> RxFaults::create(const FaultConfig
   return f;
 }
 
-uint64_t RxFaults::now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
+uint64_t RxFaults::now_ns() { return monotonic_ns(); }
 
 double RxFaults::uniform() {
   rng_ ^= rng_ << 13;

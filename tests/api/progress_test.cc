@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cstring>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -91,6 +93,51 @@ TEST(Progress, PacketThatWokeItIsReadWhenTheApplicationStartedPolling) {
   // The best of 5, against the 20 ms a missed wake-up costs: a loaded machine may delay a few rounds.
   std::sort(ms.begin(), ms.end());
   EXPECT_LT(ms[0], 10.0) << "each round took " << ms[0] << " ms or more";
+}
+
+// The timer slack of this process's progress threads (nanoseconds), one value per thread.
+std::vector<long> progress_thread_slack() {
+  std::vector<long> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(e.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    if (name != "softrdma-prog") continue;
+    long v = -1;
+    // Per thread only under /proc/<tid> (the task directory has no timerslack_ns).
+    std::ifstream(std::filesystem::path("/proc") / e.path().filename() / "timerslack_ns") >> v;
+    out.push_back(v);
+  }
+  return out;
+}
+
+// A progress thread napping beside an application that makes verbs calls sleeps with a large timer slack,
+// so that the scheduler's tick ends its nap rather than a timer of its own (Progress::run): each such
+// timer cost the application's CPU about 25 us in a VM. Its other sleeps, which transport timers end, keep
+// the default slack: once the application stops, the thread's slack is back to what it was.
+TEST(Progress, NapsEndOnTheSchedulersTickAndOtherSleepsOnTime) {
+  if (testutil::kTsan) GTEST_SKIP() << kTsanSkip;
+  Loop l(QpType::kRc);
+  ASSERT_TRUE(l.ctx);
+  const std::vector<long> before = progress_thread_slack();
+  ASSERT_EQ(before.size(), 1u) << "one context, one progress thread named softrdma-prog";
+  // A ping-pong of WRITEs and polls, as ib_write_lat's (bounded: 2 s), looking at the slack now and then.
+  bool napped = false;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  for (uint32_t i = 0; !napped && std::chrono::steady_clock::now() < until; ++i) {
+    ASSERT_TRUE(l.a->post_send(l.write(0, i)));
+    Wc wc[1];
+    while (l.cq->poll(wc) == 0) {
+    }
+    ASSERT_EQ(wc[0].status, WcStatus::kSuccess);
+    if (i % 64 == 63) napped = progress_thread_slack().at(0) > before[0];
+  }
+  EXPECT_TRUE(napped) << "the progress thread's slack stayed at " << before[0] << " ns while the application polled";
+  // The application stopped: the next nap ends by a tick at the latest, and the sleep after it watches.
+  long after = -1;
+  for (int i = 0; i < 200 && (after = progress_thread_slack().at(0)) != before[0]; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(after, before[0]);
 }
 
 // UC posts in a row with no poll between wait for the poster's next poll (Qp::post_send). An application

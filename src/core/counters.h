@@ -54,7 +54,9 @@ namespace softrdma {
   X(direct_ops, "RDMA WRITEs and READs done in a same-host peer's memory directly (no packet)") \
   X(direct_bytes, "bytes those moved")                                                  \
   X(acks_deferred, "RC ACKs deferred to the QP's next post (at most 20 us)")           \
-  X(acks_deferred_late, "deferred ACKs that went by their deadline, no post in time")
+  X(acks_deferred_late, "deferred ACKs that went by their deadline, no post in time") \
+  X(progress_sleeps, "progress-thread sleeps (each ends in a wake-up)")               \
+  X(progress_naps, "of those, naps beside a polling application (sockets not watched)")
 
 enum class Counter : uint32_t {
 #define SOFTRDMA_X(name, desc) name,

@@ -61,6 +61,12 @@ void Progress::stop() {
   ctx_->set_kick(nullptr, nullptr);
 }
 
+void Progress::count_sleep(bool nap) {
+  Counters& c = ctx_->counters();
+  c.add(Counter::progress_sleeps);
+  if (nap) c.add(Counter::progress_naps);
+}
+
 void Progress::drain_wake_fd() {
   uint64_t v;
   [[maybe_unused]] ssize_t r = read(wake_fd_, &v, sizeof v);
@@ -202,6 +208,7 @@ void Progress::run() {
       const core::Nanos sleep_ns = pending ? 0 : nap ? kNapNs : core::Nanos{kAppDriveSleepMs} * 1'000'000;
       wake_at_.store(pending ? 0 : now + sleep_ns, std::memory_order_seq_cst);
       set_nap_slack(nap && !doorbells, nap_slack);  // same host: see kNapSlackNs
+      count_sleep(nap);
       epoll_event evs[4];
       const timespec ts{0, static_cast<long>(sleep_ns)};
       const int n = epoll_pwait2(nap && !doorbells ? nap_epfd_ : epfd_, evs, 4, &ts, nullptr);
@@ -297,6 +304,7 @@ void Progress::run() {
     // of a same-host ib_send_lat ran 3 ms at a time while their applications waited.
     if (got_last < 0) sleep_ns = std::max(sleep_ns, kBlockedSleepNs);
     set_nap_slack(nap && sleep_ns == kNapNs, nap_slack);  // a nap that no transport timer ends first
+    count_sleep(nap);
     wake_at_.store(sleep_ns == core::Context::kNoTimer ? core::Context::kNoTimer : ctx_->now() + sleep_ns,
                    std::memory_order_seq_cst);
     epoll_event evs[4];

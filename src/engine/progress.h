@@ -31,6 +31,7 @@ class Progress {
  private:
   void run();
   void drain_wake_fd();
+  void count_sleep(bool nap);  // counters progress_sleeps and progress_naps
   bool on_packets_while_app_polls();
 
   core::Context* ctx_;

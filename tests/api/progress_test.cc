@@ -126,6 +126,8 @@ TEST(Progress, NapsEndOnTheSchedulersTickAndOtherSleepsOnTime) {
   ASSERT_TRUE(l.ctx);
   const std::vector<long> before = progress_thread_slack();
   ASSERT_EQ(before.size(), 1u) << "one context, one progress thread named softrdma-prog";
+  const Counters& c = l.ctx->counters();
+  const uint64_t naps0 = c.get(Counter::progress_naps);
   // A ping-pong of WRITEs and polls, as ib_write_lat's (bounded: 2 s), looking at the slack now and then.
   bool napped = false;
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
@@ -135,6 +137,8 @@ TEST(Progress, NapsEndOnTheSchedulersTickAndOtherSleepsOnTime) {
     if (i % 64 == 63) napped = progress_thread_slack().at(0) > before[0];
   }
   EXPECT_TRUE(napped) << "the progress thread's slack stayed at " << before[0] << " ns while the application polled";
+  EXPECT_GT(c.get(Counter::progress_naps), naps0);  // counted, and among the sleeps
+  EXPECT_GE(c.get(Counter::progress_sleeps), c.get(Counter::progress_naps));
   // The application stopped: the next nap ends by a tick at the latest, and the sleep after it watches.
   long after = -1;
   for (int i = 0; i < 200 && (after = progress_thread_slack().at(0)) != before[0]; ++i)

@@ -111,9 +111,6 @@ void request_short_slice() {
 // 25 us in this VM (arming the timer, its interrupt, two context switches): 9% of the CPU at a nap per
 // 200 us. The price: an application that stops making verbs calls has its packets received up to a tick
 // later than kNapNs. Other sleeps keep the default slack (50 us): their ends are timers of the transport.
-// So do the naps of a same-host context (io/shm): with the tick, 8-byte same-host ib_send_lat averaged
-// 1.37-1.85 us in 4 runs of 6 (0.61-0.64 in the others) against 0.69-0.78 in all 6, its median unchanged:
-// stalls of milliseconds, whose cause was not found (perf sched showed no application thread off its CPU).
 constexpr unsigned long kNapSlackNs = 4'000'000;
 
 // Sets the calling thread's timer slack for a nap or back to its default, with a syscall only on a change.
@@ -207,7 +204,7 @@ void Progress::run() {
       const bool pending = !nap && ctx_->backend()->arm_wakeup();
       const core::Nanos sleep_ns = pending ? 0 : nap ? kNapNs : core::Nanos{kAppDriveSleepMs} * 1'000'000;
       wake_at_.store(pending ? 0 : now + sleep_ns, std::memory_order_seq_cst);
-      set_nap_slack(nap && !doorbells, nap_slack);  // same host: see kNapSlackNs
+      set_nap_slack(nap, nap_slack);
       count_sleep(nap);
       epoll_event evs[4];
       const timespec ts{0, static_cast<long>(sleep_ns)};
@@ -223,6 +220,11 @@ void Progress::run() {
       // application's mark before it kicks, so the loop then takes over.
       if (packets && on_packets_while_app_polls()) last_activity = ctx_->now();
       spin_seq = ctx_->app_poll_seq();
+      // A nap that the application polled through leaves it marked as polling (its own mark needs a run
+      // of 64 empty polls, which a same-host ping-pong's 1 us round trips never make): past the mark's
+      // 1 ms, the loop below slept watching for doorbells, and the peer rang one for each packet.
+      if (nap && spin_seq != seq && ctx_->now() >= watch_until_.load(std::memory_order_seq_cst))
+        ctx_->set_app_driving(ctx_->now());
       continue;
     }
     napping = false;

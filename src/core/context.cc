@@ -7,21 +7,17 @@
 
 #include <cerrno>
 #include <cstdlib>
-#include <ctime>
 #include <mutex>
 #include <vector>
 
+#include "io/clock.h"
 #include "transport/transport.h"
 
 namespace softrdma::core {
 
 using wire::PacketView;
 
-Nanos Context::now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return Nanos(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
-}
+Nanos Context::now_ns() { return io::monotonic_ns(); }
 
 namespace {
 // The contexts of this process, for flush_deferred_acks_at_exit. Never destroyed: an exit handler may run

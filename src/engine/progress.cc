@@ -228,7 +228,7 @@ void Progress::run() {
       // of 64 empty polls, which a same-host ping-pong's 1 us round trips never make): past the mark's
       // 1 ms, the loop below slept watching for doorbells, and the peer rang one for each packet. Over
       // sockets only (see kNapSlackNs).
-      if (nap && !doorbells && spin_seq != seq && ctx_->now() >= watch_until_.load(std::memory_order_seq_cst))
+      if (nap && !doorbells && spin_seq != seq && !events_awaited())
         ctx_->set_app_driving(ctx_->now());
       continue;
     }
@@ -256,7 +256,7 @@ void Progress::run() {
       // preempting an application thread.) Not while an application waits for events (watch_until_):
       // rping polls after each event, then waits again, and 2,000 pings took 1.0-1.7 s instead of 0.6-0.75.
       // Over sockets only (see kNapSlackNs).
-      if (!doorbells && ctx_->now() >= watch_until_.load(std::memory_order_seq_cst)) {
+      if (!doorbells && !events_awaited()) {
         napping = true;
         nap_seq = seq - 1;
       }
@@ -300,8 +300,7 @@ void Progress::run() {
     // posts, finds its completion at once, and spins on memory for the peer's WRITE, which waited for
     // each nap to end (133 us per iteration with naps of 200 us, and a tick with naps to the tick).
     const uint32_t calls_now = ctx_->app_poll_seq();
-    const bool watch = ctx_->now() < watch_until_.load(std::memory_order_seq_cst);
-    const bool nap = !doorbells && !watch && calls_now != sleep_calls;
+    const bool nap = !doorbells && !events_awaited() && calls_now != sleep_calls;
     sleep_calls = calls_now;
     if (nap)
       sleep_ns = std::min(sleep_ns, kNapNs);

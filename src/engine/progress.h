@@ -42,6 +42,7 @@ class Progress {
   // An application armed a CQ for events (kick(0), from req_notify): until then the sleeps watch the
   // sockets even if the application makes verbs calls (it polls after each event, not all the time).
   std::atomic<core::Nanos> watch_until_{0};
+  bool events_awaited() const { return ctx_->now() < watch_until_.load(std::memory_order_seq_cst); }
   static constexpr core::Nanos kWatchAfterNotifyNs = 10'000'000;
   // The last wake-up by packets beside a polling application found some unread (on_packets_while_app_polls).
   bool packets_found_ = true;

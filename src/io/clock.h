@@ -1,4 +1,4 @@
-// The io layer's clock (it sits below core, whose Context::now reads the same clock).
+// The clock of the io layer and of core (Context::now_ns).
 #pragma once
 
 #include <time.h>

@@ -38,6 +38,14 @@ union SockAddr {
   sockaddr_in6 v6;
 };
 
+// A receive message's room for the sender's address and the control messages, and no flags: as recvmmsg
+// needs them, and as it leaves them only in the messages it did not fill.
+void rearm_rx(msghdr& h) {
+  h.msg_namelen = sizeof(SockAddr);
+  h.msg_controllen = kRxCtrlLen;
+  h.msg_flags = 0;
+}
+
 bool is_link_local6(const wire::Gid& g) { return g.raw[0] == 0xFE && (g.raw[1] & 0xC0) == 0x80; }
 
 socklen_t to_sockaddr(const wire::Endpoint& ep, bool v4, uint32_t scope_id, SockAddr* out) {
@@ -226,8 +234,7 @@ std::expected<uint16_t, int> UdpIo::open_port(uint16_t port) {
     h.msg_iov = &s->iov[i];
     h.msg_iovlen = 1;
     h.msg_control = s->ctrl[i];
-    h.msg_namelen = sizeof(SockAddr);
-    h.msg_controllen = kRxCtrlLen;
+    rearm_rx(h);
   }
 
   epoll_event ev{};
@@ -487,12 +494,7 @@ uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t no
     const uint32_t vlen = std::min(faults_ ? std::max(1u, room / 2) : room, kRxBatch);
     // The kernel rewrites the lengths and flags of the messages it fills, and only those: the last call's
     // are set back (a poll that finds nothing, most of them, then sets back none).
-    for (uint32_t i = 0; i < s.filled; ++i) {
-      msghdr& h = s.msgs[i].msg_hdr;
-      h.msg_namelen = sizeof(SockAddr);
-      h.msg_controllen = kRxCtrlLen;
-      h.msg_flags = 0;
-    }
+    for (uint32_t i = 0; i < s.filled; ++i) rearm_rx(s.msgs[i].msg_hdr);
     s.filled = 0;
     int r;
     do {

@@ -81,7 +81,8 @@ class Case:
     kind: str  # bw or lat
     qps: int = 1
     rtt: str = ""  # half or full, for latency figures
-    variant: str = "default"  # softrdma: default, or socket (run with --socket-env)
+    # softrdma: default, socket (run with --socket-env) or shared-mr (SHARED_MR_ENV, opt-in)
+    variant: str = "default"
     syscalls: bool = False  # also measured in the syscall pass
     missing: str = ""  # why the figure cannot be had here (set before or during the run)
     runs: list = field(default_factory=list)
@@ -430,6 +431,8 @@ class Runner:
         extra = {"LD_LIBRARY_PATH": libdir}
         if case.variant == "socket":
             extra.update(self.socket_env)
+        elif case.variant == "shared-mr":
+            extra.update(SHARED_MR_ENV)
         # Line-buffered, so that a run stopped by the timeout still shows how far it got.
         argv = (["stdbuf", "-oL", "-eL"] if shutil_which("stdbuf") else []) + [prog] + opts
         server, client = self.pair(case, run, argv, argv + ["127.0.0.1"], self.env(extra), port)
@@ -637,6 +640,8 @@ def all_cases(socket_variant):
     if socket_variant:
         for c in [c for c in cases if (c.test, c.size, c.qps) in SOCKET_TARGET_CASES]:
             cases.append(Case(c.tool, c.test, c.transport, c.size, c.kind, c.qps, c.rtt, variant="socket"))
+    for c in [c for c in cases if c.variant == "default" and (c.test, c.size, c.qps) in SHARED_MR_CASES]:
+        cases.append(Case(c.tool, c.test, c.transport, c.size, c.kind, c.qps, c.rtt, variant="shared-mr"))
     for size in SIZES:
         cases.append(Case("qperf", "tcp_bw", "tcp", size, "bw"))
         cases.append(Case("qperf", "tcp_lat", "tcp", size, "lat", rtt="half"))
@@ -674,6 +679,12 @@ def all_cases(socket_variant):
 SOCKET_TARGET_CASES = {("ib_write_bw", 64 * KIB, 1), ("ib_write_bw", MIB, 1), ("ib_write_bw", 8, 1),
                        ("ib_write_bw", 64 * KIB, 64), ("ib_write_bw", MIB, 64), ("ib_write_lat", 8, 1),
                        ("ib_send_lat", 8, 1), ("ib_read_lat", 8, 1)}
+
+# The same-host cases run again with registered memory that the peer maps itself (src/io/shm/mr_share.h):
+# an opt-in setting, so the same-host targets are read from the default runs and these are shown beside.
+SHARED_MR_ENV = {"SOFTRDMA_SHARE_MR": "1"}
+SHARED_MR_CASES = {("ib_write_bw", 8, 1), ("ib_write_bw", 64 * KIB, 1), ("ib_write_bw", MIB, 1),
+                   ("ib_write_lat", 8, 1), ("ib_read_lat", 8, 1)}
 
 # --quick: the cases the targets need, and one of every peer's tests so that every parser runs.
 QUICK = {
@@ -777,6 +788,12 @@ def targets(cases):
     add("same-host path: ib_write_bw 1 MiB >= 1.0x UCX cma put_bw 1 MiB", sr("ib_write_bw", MIB, variant="default"),
         "bw", find(cases, "ucx", "put_bw", "cma", MIB), "bw", ">=", 1.0, "GB/s")
     add("same-host path: ib_write_lat 8 B <= 1.0x fi_pingpong shm 64 B", sr("ib_write_lat", 8, variant="default"),
+        "lat_us", find(cases, "libfabric", "fi_pingpong", "shm", 64), "lat_us", "<=", 1.0, "us")
+    # The same two with SOFTRDMA_SHARE_MR=1 (opt-in, not the default the targets name): shown beside them.
+    opt = "same-host path, SOFTRDMA_SHARE_MR=1 (opt-in)"
+    add(f"{opt}: ib_write_bw 1 MiB >= 1.0x UCX cma put_bw 1 MiB", sr("ib_write_bw", MIB, variant="shared-mr"),
+        "bw", find(cases, "ucx", "put_bw", "cma", MIB), "bw", ">=", 1.0, "GB/s")
+    add(f"{opt}: ib_write_lat 8 B <= 1.0x fi_pingpong shm 64 B", sr("ib_write_lat", 8, variant="shared-mr"),
         "lat_us", find(cases, "libfabric", "fi_pingpong", "shm", 64), "lat_us", "<=", 1.0, "us")
     return out
 

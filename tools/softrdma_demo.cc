@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -98,13 +99,30 @@ uint64_t mismatches(const uint8_t* p, uint64_t n, uint32_t seed) {
   return bad;
 }
 
+// The registered buffer, page-aligned as perftest's are (so that SOFTRDMA_SHARE_MR=1 can share all of it).
+struct PageBuffer {
+  std::unique_ptr<uint8_t, decltype(&std::free)> p{nullptr, &std::free};
+  size_t n = 0;
+  void assign(size_t size) {
+    p.reset(static_cast<uint8_t*>(std::aligned_alloc(4096, (size + 4095) & ~size_t{4095})));
+    if (!p) {
+      std::fprintf(stderr, "softrdma-demo: out of memory\n");
+      std::exit(1);
+    }
+    n = size;
+    std::memset(p.get(), 0, n);
+  }
+  uint8_t* data() const { return p.get(); }
+  size_t size() const { return n; }
+};
+
 // Everything one side owns.
 struct Side {
   std::unique_ptr<Context> ctx;
   std::unique_ptr<ProtectionDomain> pd;
   std::unique_ptr<CompletionQueue> cq;
   std::unique_ptr<QueuePair> qp;
-  std::vector<uint8_t> buf;
+  PageBuffer buf;
   std::unique_ptr<MemoryRegion> mr;
   PeerInfo mine;
   Layout layout;
@@ -118,7 +136,7 @@ struct Side {
     init.send_cq = init.recv_cq = cq.get();
     init.cap = {64, 64, 1, 1, 64};
     qp = or_exit(pd->create_qp(init), "create_qp");
-    buf.assign(layout.buf_size(), 0);
+    buf.assign(layout.buf_size());
     mr = or_exit(pd->reg_mr(buf.data(), buf.size(), kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic),
                "reg_mr");
     mine = local_info(*ctx, *qp, mr.get());
@@ -352,11 +370,12 @@ int client(const Options& o, const char* host, uint16_t port) {
               static_cast<unsigned long>(report[1]), report[2] ? "MISMATCHES" : "all correct");
   Counters& k = s.ctx->counters();
   std::printf("client counters: %lu packets sent, %lu received, %lu retransmitted, %lu operations one-sided "
-              "(same host, no packet)\n",
+              "(same host, no packet; %lu through shared pages)\n",
               static_cast<unsigned long>(k.get(Counter::tx_packets)),
               static_cast<unsigned long>(k.get(Counter::rx_packets)),
               static_cast<unsigned long>(k.get(Counter::retransmits)),
-              static_cast<unsigned long>(k.get(Counter::direct_ops)));
+              static_cast<unsigned long>(k.get(Counter::direct_ops)),
+              static_cast<unsigned long>(k.get(Counter::direct_shared_ops)));
   if (o.verbose) print_counters("client", k);
   return bad || report[2] ? 1 : 0;
 }

@@ -115,8 +115,10 @@ int Context::dereg_mr(Mr* mr) {
   if (!mr->valid.load()) return EINVAL;
   // Peers on this host stop reaching it first (this waits for their copies in flight), then this
   // process's responders.
-  backend_->withdraw_mr(mr->key);
+  const uint32_t key = mr->key;
+  backend_->withdraw_mr(key);
   if (int err = mrs_.remove(mr)) return err;
+  backend_->forget_mr(key);
   pd->users.fetch_sub(1);
   return 0;
 }

@@ -231,8 +231,12 @@ class Qp {
   // a request-response protocol): a post of one WR after the send CQ was polled may take it. A stream of
   // posts goes through the rings, which overlap the two processes' copies (measured, ib_write_bw same
   // host: 1 MiB 25.6 GB/s through the rings, 14.8 one-sided; 8 B 3.0 M/s against 0.65).
+  // Once an op copied through pages the peer shares (SOFTRDMA_SHARE_MR=1), a memcpy with no syscall, a
+  // stream takes the path too, until an op cannot (ib_write_bw same host, 1 MiB 53 GB/s against 12-30
+  // through the rings, 64 KiB 69-87 against 11-22, 8 B 2.3-6.1 M/s against 3.5-4.9).
   uint32_t send_cq_polls_ = ~0u;
   bool may_direct_ = false;
+  bool shared_direct_ = false;
   bool corked_ = false;  // WRs wait in the send queue, and this QP is on a thread's list (Context::corked)
   uint32_t posts_since_poll_ = 0;  // post_send calls since the send CQ was last polled (UC/UD corking)
 

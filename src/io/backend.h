@@ -38,6 +38,7 @@ struct DirectOp {
   uint64_t length;
   const LocalSeg* segs;
   uint32_t nseg;
+  bool shared_only = false;  // only by memcpy through pages the peer shares (no process_vm_* call)
 };
 
 class Backend : public TxSink {
@@ -68,10 +69,12 @@ class Backend : public TxSink {
 
   // The same-host one-sided path. A backend that has it publishes the context's MRs and QPs (control path,
   // serialised by the caller; withdraw_mr waits for peers' accesses in flight) and carries out a one-sided
-  // operation on a peer's memory itself: 0 when the data moved, -1 when it must go the ordinary way. The
-  // defaults have no such path.
+  // operation on a peer's memory itself: 0 when the data moved, 1 when it moved through pages the peer
+  // shares (a memcpy), -1 when it must go the ordinary way. The defaults have no such path.
   virtual void publish_mr(const MrInfo& /*mr*/) {}
   virtual void withdraw_mr(uint32_t /*key*/) {}
+  // After a withdrawn MR is gone from this process's responders too: gives back what publish_mr took.
+  virtual void forget_mr(uint32_t /*key*/) {}
   virtual void publish_qp(const QpInfo& /*qp*/) {}
   virtual int direct(const wire::Endpoint& /*dst*/, const DirectOp& /*op*/) { return -1; }
 };

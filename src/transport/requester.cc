@@ -50,14 +50,25 @@ void attach_payload(io::TxPacket& p, const SendWqe& w, uint32_t offset, uint32_t
   }
 }
 
-bool try_direct(Qp& qp, const SendWqe& w) {
-  if ((w.opcode != WrOpcode::kRdmaWrite && w.opcode != WrOpcode::kRdmaRead) || w.length == 0 || w.num_seg == 0)
-    return false;
+// The one-sided way of a WRITE or READ (Backend::direct's result; -1: the ordinary way; -2: not a WRITE or
+// READ that could take it). `shared_only`: in a stream, only a memcpy through pages the peer shares (qp.h,
+// shared_direct_).
+int try_direct(Qp& qp, const SendWqe& w, bool shared_only) {
+  if ((w.opcode != WrOpcode::kRdmaWrite && w.opcode != WrOpcode::kRdmaRead) || w.length == 0 ||
+      w.num_seg == 0)
+    return -2;
   io::LocalSeg segs[kMaxSge];
   for (uint32_t i = 0; i < w.num_seg; ++i) segs[i] = {w.seg[i].ptr, w.seg[i].len};
-  const io::DirectOp op{w.opcode == WrOpcode::kRdmaRead, qp.qpn(), qp.attr().dest_qp_num, w.remote_addr, w.rkey,
-                        w.length, segs, w.num_seg};
-  return qp.ctx()->backend()->direct(qp.peer(), op) == 0;
+  const io::DirectOp op{w.opcode == WrOpcode::kRdmaRead,
+                        qp.qpn(),
+                        qp.attr().dest_qp_num,
+                        w.remote_addr,
+                        w.rkey,
+                        w.length,
+                        segs,
+                        w.num_seg,
+                        shared_only};
+  return qp.ctx()->backend()->direct(qp.peer(), op);
 }
 
 }  // namespace
@@ -124,8 +135,12 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
       // The same-host one-sided path: with nothing else outstanding (so nothing is reordered), a WRITE or a
       // READ is done here, in the peer's memory, after the checks its responder would make (io/shm/
       // access_table.h). It uses no PSN and completes in order at once. Anything else goes on below.
-      if (qp.may_direct_ && !w.started && !sqd && qp.req_.offset == 0 && qp.comp_.wqe == qp.req_.wqe &&
-          qp.req_.psn == qp.comp_.psn && try_direct(qp, w)) {
+      int how = -1;
+      if ((qp.may_direct_ || qp.shared_direct_) && !w.started && !sqd && qp.req_.offset == 0 &&
+          qp.comp_.wqe == qp.req_.wqe && qp.req_.psn == qp.comp_.psn &&
+          (how = try_direct(qp, w, !qp.may_direct_)) != -2)
+        qp.shared_direct_ = how == 1;
+      if (how >= 0) {
         qp.may_direct_ = false;
         w.started = true;
         w.first_psn = qp.req_.psn;
@@ -137,9 +152,10 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
         continue;
       }
     }
-    const uint32_t npkts = (w.opcode == WrOpcode::kAtomicCmpAndSwp || w.opcode == WrOpcode::kAtomicFetchAndAdd)
-                               ? 1
-                               : packets_for(w.length, pmtu);
+    const uint32_t npkts =
+        (w.opcode == WrOpcode::kAtomicCmpAndSwp || w.opcode == WrOpcode::kAtomicFetchAndAdd)
+            ? 1
+            : packets_for(w.length, pmtu);
     if (!w.started) {
       w.started = true;
       w.first_psn = qp.req_.psn;
@@ -160,8 +176,8 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
       const uint32_t chunk = std::min(want, room);
       const uint64_t off = uint64_t{sent_pkts} * pmtu;
       const uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(w.length - off, uint64_t{chunk} * pmtu));
-      io::TxPacket& p =
-          new_packet(qp, tx, dst, opcode(wire::Transport::kRc, kOpReadRequest), false, dqpn, true, qp.req_.psn, 0);
+      io::TxPacket& p = new_packet(qp, tx, dst, opcode(wire::Transport::kRc, kOpReadRequest), false, dqpn,
+                                   true, qp.req_.psn, 0);
       PacketView(p.hdr, p.hdr_len).set_reth(w.remote_addr + off, w.rkey, len);
       advance_psn(qp, psn_add(qp.req_.psn, chunk));
       ++qp.req_.rd_atomic;
@@ -176,8 +192,8 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
     }
     if (rd_atomic) {
       const uint8_t op = w.opcode == WrOpcode::kAtomicCmpAndSwp ? kOpCompareSwap : kOpFetchAdd;
-      io::TxPacket& p = new_packet(qp, tx, dst, opcode(wire::Transport::kRc, static_cast<Op>(op)), false, dqpn, true,
-                                   qp.req_.psn, 0);
+      io::TxPacket& p = new_packet(qp, tx, dst, opcode(wire::Transport::kRc, static_cast<Op>(op)), false,
+                                   dqpn, true, qp.req_.psn, 0);
       const bool cas = op == kOpCompareSwap;
       PacketView(p.hdr, p.hdr_len)
           .set_atomic_eth(w.remote_addr, w.rkey, cas ? w.swap : w.compare_add, cas ? w.compare_add : 0);
@@ -202,18 +218,17 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
     const bool last = idx + 1 >= npkts;
     const uint32_t len = std::min(pmtu, w.length - qp.req_.offset);
     const uint8_t op_low = send_write_op(w.opcode, first, last);
-    const bool se = last && (w.send_flags & kSendSolicited) &&
-                    (w.opcode != WrOpcode::kRdmaWrite);
+    const bool se = last && (w.send_flags & kSendSolicited) && (w.opcode != WrOpcode::kRdmaWrite);
     bool ack_req = false;
     // An ACK is asked for at least 4 times per window: the responder ACKs only packets that ask (coalesced),
     // so a window shrunk below the interval (many QPs share the context's budget) would stall until the
     // retransmit timeout.
     if (rc) ack_req = last || ++qp.req_.noack_pkts > std::min<uint32_t>(64, window / 4);
     const wire::Transport transport_type = qp.type() == QpType::kRc   ? wire::Transport::kRc
-                                     : qp.type() == QpType::kUc ? wire::Transport::kUc
-                                                                : wire::Transport::kUd;
-    io::TxPacket& p = new_packet(qp, tx, dst, opcode(transport_type, static_cast<Op>(op_low)), se, dqpn, ack_req,
-                                 qp.req_.psn, len);
+                                           : qp.type() == QpType::kUc ? wire::Transport::kUc
+                                                                      : wire::Transport::kUd;
+    io::TxPacket& p = new_packet(qp, tx, dst, opcode(transport_type, static_cast<Op>(op_low)), se, dqpn,
+                                 ack_req, qp.req_.psn, len);
     PacketView v(p.hdr, p.hdr_len);
     const OpcodeInfo& oi = v.info();
     if (oi.has(kHasReth)) v.set_reth(w.remote_addr, w.rkey, w.length);

@@ -3,6 +3,7 @@
 // the responder would make still holds (a failed one sends the request the ordinary way, whose responder
 // NAKs it); a stream of posts goes through the rings.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -10,6 +11,7 @@
 
 #include "softrdma/connect.h"
 #include "softrdma/softrdma.h"
+#include "util/maps.h"
 #include "util/wr.h"
 
 namespace softrdma {
@@ -21,6 +23,14 @@ bool direct_path_on() {
   return std::getenv("SOFTRDMA_FAULTS") == nullptr;
 }
 
+// SOFTRDMA_SHARE_MR=1 for the contexts opened in its life (read when a context opens).
+struct ShareMr {
+  explicit ShareMr(bool on) {
+    if (on) setenv("SOFTRDMA_SHARE_MR", "1", 1);
+  }
+  ~ShareMr() { unsetenv("SOFTRDMA_SHARE_MR"); }
+};
+
 struct Pair {
   std::unique_ptr<Context> ctx;
   std::unique_ptr<ProtectionDomain> pd, pd2;
@@ -29,9 +39,8 @@ struct Pair {
   std::vector<uint8_t> src = std::vector<uint8_t>(1 << 20), dst = std::vector<uint8_t>(1 << 20);
   std::unique_ptr<MemoryRegion> smr, dmr;
 
-  explicit Pair(uint32_t b_access = kLocalWrite | kRemoteWrite | kRemoteRead, uint32_t dmr_access = kLocalWrite |
-                                                                                                     kRemoteWrite |
-                                                                                                     kRemoteRead) {
+  explicit Pair(uint32_t b_access = kLocalWrite | kRemoteWrite | kRemoteRead,
+                uint32_t dmr_access = kLocalWrite | kRemoteWrite | kRemoteRead) {
     ctx = std::move(*Context::open("sr_lo"));
     pd = *ctx->alloc_pd();
     pd2 = *ctx->alloc_pd();
@@ -49,6 +58,12 @@ struct Pair {
     EXPECT_TRUE(connect_qp(*ctx, *b, ib, ia, ob));
   }
   uint64_t direct_ops() { return ctx->counters().get(Counter::direct_ops); }
+  uint64_t shared_ops() { return ctx->counters().get(Counter::direct_shared_ops); }
+  // The offset of dst's first whole page (the pages that SOFTRDMA_SHARE_MR=1 moves begin there).
+  uint64_t first_page() const {
+    const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    return (page - reinterpret_cast<uint64_t>(dst.data()) % page) % page;
+  }
   uint64_t tx_packets() { return ctx->counters().get(Counter::tx_packets); }
   Wc wait() {
     Wc wc;
@@ -64,59 +79,96 @@ struct Pair {
   }
 };
 
-TEST(Direct, WriteAndReadMoveTheDataWithoutPackets) {
+// Each test below runs twice: with the peer's memory reached by process_vm_writev/readv, and with its
+// pages shared (SOFTRDMA_SHARE_MR=1, io/shm/mr_share.h), where an op inside its whole pages is a memcpy.
+class DirectP : public ::testing::TestWithParam<bool> {};
+INSTANTIATE_TEST_SUITE_P(Direct, DirectP, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "SharedPages" : "ProcessVm"; });
+
+TEST_P(DirectP, WriteAndReadMoveTheDataWithoutPackets) {
   if (!direct_path_on()) GTEST_SKIP() << "the same-host path is turned off in this environment";
+  const bool share = GetParam();
+  ShareMr env(share);
   Pair p;
+  EXPECT_EQ(testutil::maps_perms(p.dst.data() + p.first_page()), share ? "rw-s" : "rw-p");
+  EXPECT_EQ(testutil::maps_perms(p.src.data() + 8192), "rw-p") << "an MR without remote access was moved";
   for (size_t i = 0; i < p.src.size(); ++i) p.src[i] = static_cast<uint8_t>(i * 7 + 1);
-  uint64_t ops = p.direct_ops();
+  uint64_t ops = p.direct_ops(), shared = p.shared_ops();
   const uint64_t packets = p.tx_packets();
-  for (uint32_t len : {1u, 4096u, 100'000u, 1u << 20}) {
-    SCOPED_TRACE(len);
+  const uint64_t page0 = p.first_page();
+  struct Case {
+    uint32_t len;
+    uint64_t off;
+    bool in_whole_pages;
+  };
+  for (Case c : {Case{1, page0, true}, Case{4096, page0, true}, Case{100'000, page0 + 8192, true},
+                 Case{1, page0 - 1, false}, Case{1u << 20, 0, false}}) {
+    SCOPED_TRACE(testing::Message() << c.len << " B at " << c.off);
     std::fill(p.dst.begin(), p.dst.end(), 0);
-    Sge s = p.smr->sge(0, len);
-    ASSERT_TRUE(p.a->post_send(p.op(WrOpcode::kRdmaWrite, s, 0, p.dmr->rkey())));
+    Sge s = p.smr->sge(0, c.len);
+    ASSERT_TRUE(p.a->post_send(p.op(WrOpcode::kRdmaWrite, s, c.off, p.dmr->rkey())));
     Wc wc = p.wait();
     EXPECT_EQ(wc.status, WcStatus::kSuccess);
     EXPECT_EQ(wc.opcode, WcOpcode::kRdmaWrite);
-    EXPECT_EQ(std::memcmp(p.dst.data(), p.src.data(), len), 0);
+    EXPECT_EQ(std::memcmp(p.dst.data() + c.off, p.src.data(), c.len), 0);
     EXPECT_EQ(p.direct_ops(), ++ops);
+    if (share && c.in_whole_pages) ++shared;
+    EXPECT_EQ(p.shared_ops(), shared);
   }
   // READ: the peer's bytes into the local buffer (at an offset into the remote MR).
   std::memset(p.src.data(), 0, 5000);
   Sge s = p.smr->sge(0, 5000);
-  ASSERT_TRUE(p.a->post_send(p.op(WrOpcode::kRdmaRead, s, 1000, p.dmr->rkey())));
+  ASSERT_TRUE(p.a->post_send(p.op(WrOpcode::kRdmaRead, s, page0 + 1000, p.dmr->rkey())));
   Wc wc = p.wait();
   EXPECT_EQ(wc.status, WcStatus::kSuccess);
   EXPECT_EQ(wc.opcode, WcOpcode::kRdmaRead);
   EXPECT_EQ(wc.byte_len, 5000u);
-  EXPECT_EQ(std::memcmp(p.src.data(), p.dst.data() + 1000, 5000), 0);
+  EXPECT_EQ(std::memcmp(p.src.data(), p.dst.data() + page0 + 1000, 5000), 0);
   EXPECT_EQ(p.direct_ops(), ++ops);
+  EXPECT_EQ(p.shared_ops(), share ? ++shared : shared);
   EXPECT_EQ(p.tx_packets(), packets) << "a one-sided operation on the same host sends nothing";
+  // Deregistration moves the pages back, with what the WRITEs put there.
+  p.dst[page0 + 5] = 0x6B;
+  p.dmr.reset();
+  EXPECT_EQ(testutil::maps_perms(p.dst.data() + page0), "rw-p");
+  EXPECT_EQ(p.dst[page0 + 5], 0x6B);
 }
 
-TEST(Direct, AStreamOfPostsGoesThroughTheRings) {
+// A stream of posts goes through the rings, unless the peer shares its pages: then, once an op posted
+// alone went one-sided through them, the stream does too, until an op falls outside them.
+TEST_P(DirectP, AStreamOfPostsGoesThroughTheRingsUnlessThePagesAreShared) {
   if (!direct_path_on()) GTEST_SKIP() << "the same-host path is turned off in this environment";
+  const bool share = GetParam();
+  ShareMr env(share);
   Pair p;
-  const uint64_t ops = p.direct_ops();
+  uint64_t ops = p.direct_ops();
+  const uint64_t page0 = p.first_page();
   Sge s = p.smr->sge(0, 64);
-  SendWr wrs[2] = {p.op(WrOpcode::kRdmaWrite, s, 0, p.dmr->rkey()), p.op(WrOpcode::kRdmaWrite, s, 64, p.dmr->rkey())};
+  SendWr wrs[2] = {p.op(WrOpcode::kRdmaWrite, s, page0, p.dmr->rkey()),
+                   p.op(WrOpcode::kRdmaWrite, s, page0 + 64, p.dmr->rkey())};
   ASSERT_TRUE(p.a->post_send(std::span<const SendWr>(wrs, 2)));  // two in one call
   EXPECT_EQ(p.wait().status, WcStatus::kSuccess);
   EXPECT_EQ(p.wait().status, WcStatus::kSuccess);
   EXPECT_EQ(p.direct_ops(), ops);
   ASSERT_TRUE(p.a->post_send(wrs[0]));  // alone, after polls: one-sided
-  EXPECT_EQ(p.direct_ops(), ops + 1);
+  EXPECT_EQ(p.direct_ops(), ++ops);
   ASSERT_TRUE(p.a->post_send(wrs[1]));  // no poll since the last post: a stream
-  EXPECT_EQ(p.wait().status, WcStatus::kSuccess);
-  EXPECT_EQ(p.wait().status, WcStatus::kSuccess);
-  EXPECT_EQ(p.direct_ops(), ops + 1);
+  EXPECT_EQ(p.direct_ops(), share ? ++ops : ops);
+  const SendWr edge = p.op(WrOpcode::kRdmaWrite, s, page0 - 32, p.dmr->rkey());  // half in a partial page
+  ASSERT_TRUE(p.a->post_send(edge));
+  ASSERT_TRUE(p.a->post_send(wrs[0]));  // after the edge: the rings again
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(p.wait().status, WcStatus::kSuccess);
+  EXPECT_EQ(p.direct_ops(), ops);
+  EXPECT_EQ(p.shared_ops(), share ? 2u : 0u);
+  EXPECT_EQ(std::memcmp(p.dst.data() + page0 - 32, p.src.data(), 64), 0);
 }
 
 // Each check of the responder, failed: the operation goes the ordinary way and its responder NAKs it (as
 // rxe: an operation the QP does not allow is an invalid request, a bad key, range, PD or MR access a
 // remote access error), and the destination is untouched.
-TEST(Direct, EveryResponderCheckStillHolds) {
+TEST_P(DirectP, EveryResponderCheckStillHolds) {
   if (!direct_path_on()) GTEST_SKIP() << "the same-host path is turned off in this environment";
+  ShareMr env(GetParam());
   struct Case {
     const char* what;
     uint32_t b_access, dmr_access;
@@ -125,16 +177,17 @@ TEST(Direct, EveryResponderCheckStillHolds) {
     WcStatus want = WcStatus::kRemAccessErr;
   };
   const uint32_t all = kLocalWrite | kRemoteWrite | kRemoteRead;
-  for (const Case& c : {Case{"QP without remote write", kLocalWrite | kRemoteRead, all, 0, WrOpcode::kRdmaWrite,
-                             WcStatus::kRemInvReqErr},
-                        Case{"QP without remote read", kLocalWrite | kRemoteWrite, all, 0, WrOpcode::kRdmaRead,
-                             WcStatus::kRemInvReqErr},
-                        Case{"MR without remote write", all, kLocalWrite | kRemoteRead, 0, WrOpcode::kRdmaWrite},
-                        Case{"MR without remote read", all, kLocalWrite | kRemoteWrite, 0, WrOpcode::kRdmaRead},
-                        Case{"wrong rkey", all, all, 1, WrOpcode::kRdmaWrite},
-                        Case{"past the end", all, all, 2, WrOpcode::kRdmaWrite},
-                        Case{"deregistered", all, all, 3, WrOpcode::kRdmaWrite},
-                        Case{"MR of another PD", all, all, 4, WrOpcode::kRdmaWrite}}) {
+  for (const Case& c :
+       {Case{"QP without remote write", kLocalWrite | kRemoteRead, all, 0, WrOpcode::kRdmaWrite,
+             WcStatus::kRemInvReqErr},
+        Case{"QP without remote read", kLocalWrite | kRemoteWrite, all, 0, WrOpcode::kRdmaRead,
+             WcStatus::kRemInvReqErr},
+        Case{"MR without remote write", all, kLocalWrite | kRemoteRead, 0, WrOpcode::kRdmaWrite},
+        Case{"MR without remote read", all, kLocalWrite | kRemoteWrite, 0, WrOpcode::kRdmaRead},
+        Case{"wrong rkey", all, all, 1, WrOpcode::kRdmaWrite},
+        Case{"past the end", all, all, 2, WrOpcode::kRdmaWrite},
+        Case{"deregistered", all, all, 3, WrOpcode::kRdmaWrite},
+        Case{"MR of another PD", all, all, 4, WrOpcode::kRdmaWrite}}) {
     SCOPED_TRACE(c.what);
     Pair p(c.b_access, c.dmr_access);
     std::fill(p.src.begin(), p.src.end(), 0xAB);

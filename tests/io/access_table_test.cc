@@ -25,13 +25,14 @@ struct Table {
     t->publish_qp({.qpn = 0x12345, .access = kAccRemoteWrite | kAccRemoteRead, .pd = 3, .dest_qpn = 0x777,
                    .open = true});
     t->publish_mr({.key = 0xABCD01, .access = kAccRemoteWrite | kAccRemoteRead, .pd = 3, .iova = 0x100000,
-                   .length = mem.size(), .addr = reinterpret_cast<uint64_t>(mem.data())});
+                   .length = mem.size(), .addr = reinterpret_cast<uint64_t>(mem.data())},
+                  nullptr);
   }
   int write(uint64_t va, uint64_t len, uint32_t rkey = 0xABCD01, uint32_t src_qpn = 0x777,
             uint32_t dest_qpn = 0x12345) {
     LocalSeg seg{src.data(), len};
     DirectOp op{false, src_qpn, dest_qpn, va, rkey, len, &seg, 1};
-    return AccessTable::direct(t->map(), AccessTable::file_bytes(), getpid(), op);
+    return AccessTable::direct(t->map(), AccessTable::file_bytes(), getpid(), op, nullptr);
   }
   SharedMr* entry(uint32_t key) {  // the reader's view of an MR entry, found as a reader finds it
     auto* base = reinterpret_cast<SharedMr*>(static_cast<uint8_t*>(t->map()) + 4096);

@@ -8,10 +8,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <new>
 #include <thread>
 
 #include "io/clock.h"
+#include "io/shm/peer_maps.h"
 
 namespace softrdma::io::shm {
 
@@ -65,7 +67,8 @@ std::expected<std::unique_ptr<AccessTable>, int> AccessTable::create(const std::
   if (fd < 0) return std::unexpected(errno);
   t->path_ = path;
   t->fd_ = fd;  // the destructor closes and unlinks from here on
-  if (flock(fd, LOCK_SH) != 0 || ftruncate(fd, static_cast<off_t>(kFileBytes)) != 0) return std::unexpected(errno);
+  if (flock(fd, LOCK_SH) != 0 || ftruncate(fd, static_cast<off_t>(kFileBytes)) != 0)
+    return std::unexpected(errno);
   if (int err = posix_fallocate(fd, 0, static_cast<off_t>(kFileBytes))) return std::unexpected(err);
   void* map = mmap(nullptr, kFileBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (map == MAP_FAILED) return std::unexpected(errno);
@@ -91,7 +94,9 @@ AccessTable::~AccessTable() {
   }
 }
 
-void AccessTable::publish_mr(const MrInfo& m) {
+void AccessTable::publish_mr(const MrInfo& m, const SharedPages* pages) {
+  const SharedPages none;
+  const SharedPages& sp = pages ? *pages : none;
   SharedMr* t = mrs(map_);
   for (uint32_t s = mr_slot(m.key), n = 0; n < kMaxProbe; s = (s + 1) & (kMrSlots - 1), ++n) {
     SharedMr& e = t[s];
@@ -103,6 +108,12 @@ void AccessTable::publish_mr(const MrInfo& m) {
     e.iova.store(m.iova, std::memory_order_relaxed);
     e.length.store(m.length, std::memory_order_relaxed);
     e.addr.store(m.addr, std::memory_order_relaxed);
+    e.share_id.store(sp.id, std::memory_order_relaxed);
+    e.share_ino.store(sp.ino, std::memory_order_relaxed);
+    e.share_off.store(sp.file_off, std::memory_order_relaxed);
+    e.share_addr.store(sp.addr, std::memory_order_relaxed);
+    e.share_len.store(sp.len, std::memory_order_relaxed);
+    e.share_fd.store(sp.fd, std::memory_order_relaxed);
     e.state.store(1, std::memory_order_relaxed);
     end_write(e);
     return;
@@ -123,7 +134,8 @@ void AccessTable::withdraw_mr(uint32_t key) {
     // Readers announce themselves in `inflight` before they re-check the entry: once the count is zero, no
     // one can still copy into or out of the region.
     const uint64_t deadline = monotonic_ns() + kDeregWaitNs;
-    while (e.inflight.load(std::memory_order_seq_cst) != 0 && monotonic_ns() < deadline) std::this_thread::yield();
+    while (e.inflight.load(std::memory_order_seq_cst) != 0 && monotonic_ns() < deadline)
+      std::this_thread::yield();
     return;
   }
 }
@@ -141,10 +153,27 @@ void AccessTable::publish_qp(const QpInfo& q) {
   end_write(e);
 }
 
-int AccessTable::direct(void* map, size_t len, int pid, const DirectOp& op) {
+namespace {
+
+// Copies between the local segments and `remote` (READ: into the segments).
+void copy_segs(const DirectOp& op, uint8_t* remote) {
+  for (uint32_t i = 0; i < op.nseg; ++i) {
+    auto* local = static_cast<uint8_t*>(op.segs[i].addr);
+    if (op.read)
+      std::memcpy(local, remote, op.segs[i].len);
+    else
+      std::memcpy(remote, local, op.segs[i].len);
+    remote += op.segs[i].len;
+  }
+}
+
+}  // namespace
+
+int AccessTable::direct(void* map, size_t len, int pid, const DirectOp& op, PeerMaps* maps) {
   if (!map || len < kFileBytes || op.length == 0 || op.nseg == 0 || op.nseg > 32) return -1;
   const auto* h = static_cast<const AccessHeader*>(map);
-  if (reinterpret_cast<const std::atomic<uint64_t>*>(&h->magic)->load(std::memory_order_acquire) != kAccessMagic ||
+  if (reinterpret_cast<const std::atomic<uint64_t>*>(&h->magic)->load(std::memory_order_acquire) !=
+          kAccessMagic ||
       h->version != kAccessVersion || h->pid != pid)
     return -1;
   const uint32_t need = op.read ? kAccRemoteRead : kAccRemoteWrite;
@@ -166,9 +195,12 @@ int AccessTable::direct(void* map, size_t len, int pid, const DirectOp& op) {
     e.inflight.fetch_add(1, std::memory_order_seq_cst);
     int rc = -1;
     MrInfo m;
+    SharedPages sp;
     uint32_t state = 0;
     const bool stable = stable_read(e, [&] {
       m = {ld(e.key), ld(e.access), ld(e.pd), ld(e.iova), ld(e.length), ld(e.addr)};
+      sp = {ld(e.share_id),  ld(e.share_fd),   ld(e.share_ino),
+            ld(e.share_off), ld(e.share_addr), ld(e.share_len)};
       state = ld(e.state);
     });
     const uint64_t iova = m.iova, length = m.length, addr = m.addr;
@@ -180,8 +212,18 @@ int AccessTable::direct(void* map, size_t len, int pid, const DirectOp& op) {
         local[i] = {op.segs[i].addr, op.segs[i].len};
         total += op.segs[i].len;
       }
-      iovec remote{reinterpret_cast<void*>(addr + (op.va - iova)), op.length};
-      if (total == op.length) {
+      const uint64_t at = addr + (op.va - iova);
+      iovec remote{reinterpret_cast<void*>(at), op.length};
+      uint32_t slot = 0;
+      uint8_t* base = nullptr;
+      if (total != op.length) {
+        // a malformed op: the ordinary way
+      } else if (maps && sp.id != 0 && at >= sp.addr && at - sp.addr <= sp.len &&
+                 op.length <= sp.len - (at - sp.addr) && (base = maps->acquire(sp, &slot)) != nullptr) {
+        copy_segs(op, base + sp.file_off + (at - sp.addr));
+        maps->release(slot);
+        rc = 1;
+      } else if (!op.shared_only) {
         const ssize_t r = op.read ? process_vm_readv(pid, local, op.nseg, &remote, 1, 0)
                                   : process_vm_writev(pid, local, op.nseg, &remote, 1, 0);
         if (r == static_cast<ssize_t>(op.length))

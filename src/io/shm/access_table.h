@@ -24,11 +24,14 @@
 #include <string>
 
 #include "io/backend.h"
+#include "io/shm/mr_share.h"
 
 namespace softrdma::io::shm {
 
+class PeerMaps;
+
 inline constexpr uint64_t kAccessMagic = 0x53524143434553ull;  // "SRACCES"
-inline constexpr uint32_t kAccessVersion = 1;
+inline constexpr uint32_t kAccessVersion = 2;
 inline constexpr uint32_t kMrSlots = 1u << 15;  // an MR with no room near its slot is not published
 inline constexpr uint32_t kQpSlots = 1u << 14;  // by the low bits of the QPN (a collision: no direct path)
 inline constexpr uint32_t kMaxProbe = 64;
@@ -47,11 +50,18 @@ struct SharedMr {
   std::atomic<uint64_t> iova;
   std::atomic<uint64_t> length;
   std::atomic<uint64_t> addr;  // where iova lies in the owner's address space
+  // Pages of the MR that the owner moved into a memfd (mr_share.h), which a peer may map itself: 0 = none.
+  std::atomic<uint64_t> share_id;
+  std::atomic<uint64_t> share_ino;
+  std::atomic<uint64_t> share_off;  // of share_addr in the memfd
+  std::atomic<uint64_t> share_addr;
+  std::atomic<uint64_t> share_len;
+  std::atomic<int32_t> share_fd;  // in the owner: /proc/<pid>/fd/<share_fd>
 };
 
 struct SharedQp {
   std::atomic<uint32_t> seq;
-  std::atomic<uint32_t> qpn;  // 0: none
+  std::atomic<uint32_t> qpn;   // 0: none
   std::atomic<uint32_t> open;  // 1: RTR, RTS or SQD (accepts requests)
   std::atomic<uint32_t> access;
   std::atomic<uint32_t> pd;
@@ -82,14 +92,17 @@ class AccessTable {
   AccessTable& operator=(const AccessTable&) = delete;
 
   // Owner side; callers serialise them (the context's control path).
-  void publish_mr(const MrInfo& mr);
+  // `pages`: the MR's pages that peers may map (null: none).
+  void publish_mr(const MrInfo& mr, const SharedPages* pages);
   // Withdraws the MR and waits for the accesses of other processes in flight.
   void withdraw_mr(uint32_t key);
   void publish_qp(const QpInfo& qp);  // open = false withdraws it
 
-  // Reader side, on a peer's table mapped by `map`: 0 when the data moved, -1 when the op must go the
-  // ordinary way (nothing can be checked, a check fails, or the call fails).
-  static int direct(void* map, size_t len, int pid, const DirectOp& op);
+  // Reader side, on a peer's table mapped by `map`: 0 when the data moved (process_vm_*), 1 when it moved
+  // by memcpy through pages the peer shares (`maps`, if given, maps them), -1 when the op must go the
+  // ordinary way (nothing can be checked, a check fails, or the call fails), -2 when the kernel refused
+  // the call (another user, a ptrace policy, the peer gone).
+  static int direct(void* map, size_t len, int pid, const DirectOp& op, PeerMaps* maps);
   static size_t file_bytes();
 
   void* map() const { return map_; }

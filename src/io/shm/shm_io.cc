@@ -18,6 +18,7 @@
 #include "io/clock.h"
 #include "io/proc.h"
 #include "io/shm/access_table.h"
+#include "io/shm/peer_maps.h"
 #include "wire/headers.h"
 
 namespace softrdma::io {
@@ -93,6 +94,7 @@ struct ShmIo::Peer {
   std::atomic<int> acc_state{0};
   void* acc_map = nullptr;
   size_t acc_len = 0;
+  std::unique_ptr<shm::PeerMaps> maps;  // its shared pages mapped here (with acc_map)
 };
 
 struct ShmIo::PeerSlot {
@@ -124,11 +126,26 @@ shm::AccessTable* ShmIo::access_table() {
 
 void ShmIo::publish_mr(const MrInfo& mr) {
   std::lock_guard lock(acc_mu_);
-  if (shm::AccessTable* t = access_table()) t->publish_mr(mr);
+  shm::AccessTable* t = access_table();
+  if (t == nullptr) return;
+  std::optional<shm::SharedPages> pages;
+  if (share_mr_ && (mr.access & (shm::kAccRemoteWrite | shm::kAccRemoteRead)))
+    pages = shm::share_pages(reinterpret_cast<const void*>(mr.addr), mr.length);
+  if (pages) shared_.emplace_back(mr.key, *pages);
+  t->publish_mr(mr, pages ? &*pages : nullptr);
 }
 void ShmIo::withdraw_mr(uint32_t key) {
   std::lock_guard lock(acc_mu_);
   if (access_) access_->withdraw_mr(key);
+}
+void ShmIo::forget_mr(uint32_t key) {
+  std::lock_guard lock(acc_mu_);
+  for (size_t i = 0; i < shared_.size(); ++i) {
+    if (shared_[i].first != key) continue;
+    shm::unshare_pages(shared_[i].second);
+    shared_.erase(shared_.begin() + static_cast<std::ptrdiff_t>(i));
+    return;
+  }
 }
 void ShmIo::publish_qp(const QpInfo& qp) {
   std::lock_guard lock(acc_mu_);
@@ -142,13 +159,14 @@ int ShmIo::direct(const wire::Endpoint& dst, const DirectOp& op) {
   int st = p->acc_state.load(std::memory_order_acquire);
   if (st == 0) st = open_access(*p);
   if (st < 0) return -1;
-  const int rc = shm::AccessTable::direct(p->acc_map, p->acc_len, p->hdr->pid, op);
+  const int rc = shm::AccessTable::direct(p->acc_map, p->acc_len, p->hdr->pid, op, p->maps.get());
   if (rc == -2) p->acc_state.store(-1, std::memory_order_release);  // not permitted, or the peer is gone
-  if (rc == 0) {
+  if (rc >= 0) {
     counters_->add(Counter::direct_ops);
     counters_->add(Counter::direct_bytes, op.length);
+    if (rc == 1) counters_->add(Counter::direct_shared_ops);
   }
-  return rc == 0 ? 0 : -1;
+  return rc >= 0 ? rc : -1;
 }
 
 // Maps the access table a peer's port file names, once (control path).
@@ -170,6 +188,7 @@ int ShmIo::open_access(Peer& p) {
         if (h->magic == shm::kAccessMagic && h->pid == p.hdr->pid && h->start_time == p.hdr->start_time) {
           p.acc_map = map;
           p.acc_len = sb.st_size;
+          p.maps.reset(new (std::nothrow) shm::PeerMaps(p.hdr->pid));  // none: process_vm_* only
           st = 1;
         } else {
           munmap(map, sb.st_size);
@@ -218,11 +237,13 @@ std::expected<std::unique_ptr<ShmIo>, int> ShmIo::create(std::unique_ptr<UdpIo> 
   if (direct_by_env() && !io->faults_) {
     static std::atomic<uint32_t> serial{0};
     io->access_serial_ = serial.fetch_add(1, std::memory_order_relaxed) + 1;
+    io->share_mr_ = shm::share_mr_by_env();
   }
   return io;
 }
 
 ShmIo::~ShmIo() {
+  for (auto& [key, pages] : shared_) shm::unshare_pages(pages);  // MRs never deregistered
   if (faults_) udp_->remove_poll_fd(faults_->timer_fd());
   for (auto& p : all_peers_) {
     give_back(*p);
@@ -372,7 +393,8 @@ void ShmIo::scan_entries(OwnPort& o, uint64_t gen) {
     if (st == RingEntry::kReady) {
       const uint32_t epoch = e.epoch.load(std::memory_order_acquire);
       if (!active || r.epoch != epoch) {
-        if (!active) populate(o.map + o.hdr->rings_offset + size_t{i} * o.hdr->ring_stride, o.hdr->ring_stride);
+        if (!active)
+          populate(o.map + o.hdr->rings_offset + size_t{i} * o.hdr->ring_stride, o.hdr->ring_stride);
         r.epoch = epoch;
         r.head.store(0, std::memory_order_relaxed);
         r.released = 0;
@@ -408,7 +430,8 @@ uint32_t ShmIo::rx_rings(RxPacket* out, uint32_t room, uint64_t now) {
       while (r.released != head) r.ring.release(r.released++);
     }
     const uint64_t gen = o.hdr->gen.load(std::memory_order_acquire);
-    if (gen != o.seen_gen.load(std::memory_order_relaxed) || o.closing_pending.load(std::memory_order_relaxed))
+    if (gen != o.seen_gen.load(std::memory_order_relaxed) ||
+        o.closing_pending.load(std::memory_order_relaxed))
       scan_entries(o, gen);
     for (uint32_t j = 0; j < shm::kMaxRings && got < room; ++j) {
       OwnPort::RxRing& r = o.rx[(o.rr + j) % shm::kMaxRings];
@@ -492,7 +515,8 @@ uint32_t ShmIo::rx_burst(RxPacket* out, uint32_t max) {
 void ShmIo::set_sleeping() {
   const uint32_t n = n_own_.load(std::memory_order_acquire);
   for (uint32_t k = 0; k < n; ++k)
-    if (own_[k].open.load(std::memory_order_acquire)) own_[k].hdr->sleeping.store(1, std::memory_order_seq_cst);
+    if (own_[k].open.load(std::memory_order_acquire))
+      own_[k].hdr->sleeping.store(1, std::memory_order_seq_cst);
 }
 
 bool ShmIo::arm_wakeup() {
@@ -572,8 +596,8 @@ void ShmIo::tx_burst(std::span<TxPacket> pkts) {
   if (full != 0) counters_->add(Counter::drop_shm_ring_full, full);
 }
 
-// The ring is full: wake its receiver if it sleeps, and give it up to *budget (shared by one tx_burst) to make
-// room, as the UDP backend waits for a full socket buffer; then the packet is dropped.
+// The ring is full: wake its receiver if it sleeps, and give it up to *budget (shared by one tx_burst) to
+// make room, as the UDP backend waits for a full socket buffer; then the packet is dropped.
 Slot* ShmIo::claim_waiting(Peer& peer, uint64_t* pos, uint16_t src_port, int64_t* budget) {
   if (*budget <= 0) return nullptr;
   const uint64_t now = monotonic_ns();
@@ -600,7 +624,8 @@ Slot* ShmIo::claim_waiting(Peer& peer, uint64_t* pos, uint16_t src_port, int64_t
 void ShmIo::wake(Peer& p, uint16_t src_port) {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   std::atomic<uint32_t>& sleeping = p.hdr->sleeping;
-  if (sleeping.load(std::memory_order_relaxed) == 0 || sleeping.exchange(0, std::memory_order_acq_rel) == 0) return;
+  if (sleeping.load(std::memory_order_relaxed) == 0 || sleeping.exchange(0, std::memory_order_acq_rel) == 0)
+    return;
   udp_->send_doorbell(src_port, p.ep);
   counters_->add(Counter::shm_doorbells);
 }

@@ -39,6 +39,7 @@
 #include "core/counters.h"
 #include "io/backend.h"
 #include "io/shm/access_table.h"
+#include "io/shm/mr_share.h"
 #include "io/shm/shm_ring.h"
 #include "io/udp/fault_injector.h"
 #include "io/udp/udp_io.h"
@@ -100,6 +101,7 @@ class ShmIo : public Backend {
   // The one-sided path (access_table.h).
   void publish_mr(const MrInfo& mr) override;
   void withdraw_mr(uint32_t key) override;
+  void forget_mr(uint32_t key) override;
   void publish_qp(const QpInfo& qp) override;
   int direct(const wire::Endpoint& dst, const DirectOp& op) override;
 
@@ -145,6 +147,8 @@ class ShmIo : public Backend {
   std::unique_ptr<shm::AccessTable> access_;
   bool access_failed_ = false;
   uint32_t access_serial_ = 0;  // names the file; 0: the path is off
+  bool share_mr_ = false;       // SOFTRDMA_SHARE_MR=1 (mr_share.h)
+  std::vector<std::pair<uint32_t, shm::SharedPages>> shared_;  // by MR key (under acc_mu_)
 
   // Receiving: published ports, filled in order (slots never reused), read without a lock.
   std::unique_ptr<OwnPort[]> own_;

@@ -9,7 +9,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "io/shm/peer_maps.h"
@@ -119,6 +121,51 @@ TEST(MrShare, AForkedChildGetsPrivateCopies) {
   EXPECT_TRUE(m.intact()) << "the child's write reached the parent";
   EXPECT_EQ(maps_perms(m.p), "rw-s");
   unshare_pages(*s);
+}
+
+// Another thread writes a log of words across the pages while they move back: every word must be there
+// afterwards (a copy followed by a remap would lose those written in between).
+TEST(MrShare, MovingBackLosesNoWriteOfAnotherThread) {
+  constexpr size_t kPages = 256;
+  for (int round = 0; round < 5; ++round) {
+    SCOPED_TRACE(round);
+    Pages m(kPages);
+    std::memset(m.p, 0, m.len);
+    auto s = share_pages(m.p, m.len);
+    ASSERT_TRUE(s);
+    auto* words = reinterpret_cast<uint64_t*>(m.p);
+    const size_t n = m.len / sizeof(uint64_t);
+    std::atomic<size_t> done{0};
+    std::thread writer([&] {
+      for (size_t k = 0; k < n; ++k) {  // about 10 ms in all, so that the move falls inside it
+        __atomic_store_n(&words[k], k + 1, __ATOMIC_RELAXED);
+        if ((k & 1023) == 0) done.store(k, std::memory_order_relaxed);
+        for (int i = 0; i < 16; ++i) __builtin_ia32_pause();
+      }
+      done.store(n, std::memory_order_release);
+    });
+    while (done.load(std::memory_order_relaxed) < n / 8) {
+    }
+    unshare_pages(*s);
+    writer.join();
+    EXPECT_EQ(maps_perms(m.p), "rw-p");
+    size_t lost = 0;
+    for (size_t k = 0; k < n; ++k) lost += __atomic_load_n(&words[k], __ATOMIC_RELAXED) != k + 1;
+    EXPECT_EQ(lost, 0u) << "writes of another thread lost while the pages moved back";
+  }
+}
+
+// Once moved back, MADV_DONTNEED gives zero pages again, as anonymous memory does (allocators count on it).
+TEST(MrShare, MovedBackPagesReadZerosAfterDontneed) {
+  Pages m(2);
+  auto s = share_pages(m.p, m.len);
+  ASSERT_TRUE(s);
+  unshare_pages(*s);
+  EXPECT_TRUE(m.intact());
+  ASSERT_EQ(madvise(m.p, m.len, MADV_DONTNEED), 0);
+  size_t nonzero = 0;
+  for (size_t i = 0; i < m.len; ++i) nonzero += m.p[i] != 0;
+  EXPECT_EQ(nonzero, 0u);
 }
 
 TEST(MrShare, PagesTheApplicationUnmappedAreNotMappedBack) {

@@ -24,6 +24,7 @@ struct Move {
   uint64_t ino;
   uint64_t start, len;  // the pages, in this process
   uint32_t refs;
+  void* snapshot = nullptr;  // a private copy made just before a fork (the child's pages)
 };
 
 std::mutex g_mu;
@@ -91,26 +92,60 @@ bool private_anonymous(const MapLine& l) {
   return path.empty() || path == "[heap]" || path.starts_with("[anon:");
 }
 
-// Replaces [start, start + len) by a private anonymous copy of it (the application's pages again).
-void move_back(const Move& m) {
-  const bool ours = range_is(m.start, m.start + m.len, [&](const MapLine& l) {
+// Whether [start, start + len) is still the move's shared mapping (the application may have unmapped or
+// replaced it meanwhile: then there is nothing of it to keep).
+bool still_shared(const Move& m) {
+  return range_is(m.start, m.start + m.len, [&](const MapLine& l) {
     return std::strcmp(l.perms, "rw-s") == 0 && l.inode == m.ino && l.offset == l.start - m.start;
   });
-  if (!ours) return;  // unmapped or replaced by the application: nothing of it to keep
-  void* tmp = mmap(nullptr, m.len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (tmp == MAP_FAILED) return;  // the pages stay shared: correct, only fork shares them
-  std::memcpy(tmp, reinterpret_cast<void*>(m.start), m.len);
-  if (mremap(tmp, m.len, m.len, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(m.start)) ==
-      MAP_FAILED)
-    munmap(tmp, m.len);
 }
 
-// A child shares nothing with its parent: its moved pages become private copies, its memfds are closed.
-void lock_moves() { g_mu.lock(); }
-void unlock_moves() { g_mu.unlock(); }
+// Makes the pages private again without losing a write of another thread: a private mapping of the same
+// memfd replaces the shared one in one call (a write before it is in the memfd, which the private mapping
+// reads; a write after it makes the page a private copy), every page is then made a private copy
+// (MADV_POPULATE_WRITE, or an atomic add of 0 per page), and (`free_file`) the memfd's pages are freed,
+// so that madvise(MADV_DONTNEED) reads zeros there again, as in anonymous memory. A forked child must not
+// free them: they are its parent's too.
+void move_back(const Move& m, bool free_file) {
+  if (!still_shared(m)) return;
+  auto* p = reinterpret_cast<uint8_t*>(m.start);
+  if (mmap(p, m.len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, m.fd, 0) == MAP_FAILED)
+    return;  // the pages stay shared: correct, and a fork still gives the child copies
+  if (madvise(p, m.len, MADV_POPULATE_WRITE) != 0) {
+    static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    for (uint64_t off = 0; off < m.len; off += page)
+      __atomic_fetch_add(reinterpret_cast<uint64_t*>(p + off), 0, __ATOMIC_RELAXED);
+  }
+  if (free_file)
+    (void)fallocate(m.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(m.len));
+}
+
+// A child shares nothing with its parent and sees its moved pages as they were when fork was called, as
+// the kernel gives a child copies of pinned pages: the parent copies them just before the fork, and the
+// child maps the copies in their place.
+void before_fork() {
+  g_mu.lock();
+  for (Move& m : g_moves) {
+    void* s = mmap(nullptr, m.len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (s == MAP_FAILED) continue;  // the child makes its pages private itself, a little later
+    std::memcpy(s, reinterpret_cast<void*>(m.start), m.len);
+    m.snapshot = s;
+  }
+}
+void parent_after_fork() {
+  for (Move& m : g_moves) {
+    if (m.snapshot != nullptr) munmap(m.snapshot, m.len);
+    m.snapshot = nullptr;
+  }
+  g_mu.unlock();
+}
 void child_after_fork() {
-  for (const Move& m : g_moves) {
-    move_back(m);
+  for (Move& m : g_moves) {
+    const bool placed = m.snapshot != nullptr && still_shared(m) &&
+                        mremap(m.snapshot, m.len, m.len, MREMAP_MAYMOVE | MREMAP_FIXED,
+                               reinterpret_cast<void*>(m.start)) != MAP_FAILED;
+    if (!placed && m.snapshot != nullptr) munmap(m.snapshot, m.len);
+    if (!placed) move_back(m, false);
     close(m.fd);
   }
   g_moves.clear();
@@ -134,7 +169,7 @@ std::optional<SharedPages> share_pages(const void* addr, uint64_t len) {
   const uint64_t n = end - start;
 
   static std::once_flag once;
-  std::call_once(once, [] { pthread_atfork(lock_moves, unlock_moves, child_after_fork); });
+  std::call_once(once, [] { pthread_atfork(before_fork, parent_after_fork, child_after_fork); });
   std::lock_guard lock(g_mu);
   for (Move& m : g_moves) {
     if (start >= m.start && end <= m.start + m.len) {
@@ -173,7 +208,7 @@ void unshare_pages(const SharedPages& p) {
     Move& m = g_moves[i];
     if (m.id != p.id) continue;
     if (--m.refs == 0) {
-      move_back(m);
+      move_back(m, true);
       close(m.fd);
       g_moves.erase(g_moves.begin() + static_cast<std::ptrdiff_t>(i));
     }

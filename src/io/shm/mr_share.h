@@ -4,13 +4,15 @@
 // (a syscall of about 1.2 us here). The application's pointers stay valid; only the pages' backing changes.
 //
 // The move copies the pages into the memfd and then maps the memfd over them (mremap, one call): a write by
-// another thread of the application to those pages between the two is lost, which is why it is not the
-// default. Deregistration (of the last MR that uses them) moves the pages back to private anonymous memory
-// the same way, so madvise(MADV_DONTNEED), free and fork behave as before once the MR is gone. A forked
-// child gets private copies at once (pthread_atfork): it shares nothing with its parent. Only pages that
-// are private, anonymous and writable are moved (not the stack, not file or shared mappings); the partial
-// pages at an MR's ends, which may hold other objects, are never moved, and the peers reach them the
-// ordinary way.
+// another thread of the application to those pages between the two is lost, and so is anything that holds
+// the old pages pinned (io_uring fixed buffers, another DMA user), which keeps the old pages. That is why it
+// is opt-in. Moving back (deregistration of the last MR on the pages) loses nothing: a private mapping of
+// the same memfd replaces the shared one in one call, every page becomes a private copy, and the memfd's
+// pages are freed, so madvise(MADV_DONTNEED) gives zero pages again. A forked child gets private copies of
+// the pages as they were when fork was called (pthread_atfork; the kernel does the same for pinned pages).
+// Only pages that are private, anonymous and writable are moved (not the stack, not file or shared
+// mappings); the partial pages at an MR's ends, which may hold other objects, are never moved, and the
+// peers reach them the ordinary way.
 #pragma once
 
 #include <cstdint>

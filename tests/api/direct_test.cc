@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "softrdma/connect.h"
@@ -31,12 +32,22 @@ struct ShareMr {
   ~ShareMr() { unsetenv("SOFTRDMA_SHARE_MR"); }
 };
 
+// How far from `p` its next page begins (0 if `p` is page-aligned).
+uint64_t first_page_of(const uint8_t* p) {
+  const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  return (page - reinterpret_cast<uint64_t>(p) % page) % page;
+}
+
 struct Pair {
   std::unique_ptr<Context> ctx;
   std::unique_ptr<ProtectionDomain> pd, pd2;
   std::unique_ptr<CompletionQueue> cq;
   std::unique_ptr<QueuePair> a, b;
-  std::vector<uint8_t> src = std::vector<uint8_t>(1 << 20), dst = std::vector<uint8_t>(1 << 20);
+  std::vector<uint8_t> src = std::vector<uint8_t>(1 << 20);
+  // The destination starts 16 bytes into a page, as glibc's malloc places a large block (a sanitizer's
+  // allocator may align it to the page): its first and last pages are partial.
+  std::vector<uint8_t> dst_store = std::vector<uint8_t>((1 << 20) + 8192);
+  std::span<uint8_t> dst{dst_store.data() + first_page_of(dst_store.data()) + 16, 1 << 20};
   std::unique_ptr<MemoryRegion> smr, dmr;
 
   explicit Pair(uint32_t b_access = kLocalWrite | kRemoteWrite | kRemoteRead,
@@ -60,10 +71,7 @@ struct Pair {
   uint64_t direct_ops() { return ctx->counters().get(Counter::direct_ops); }
   uint64_t shared_ops() { return ctx->counters().get(Counter::direct_shared_ops); }
   // The offset of dst's first whole page (the pages that SOFTRDMA_SHARE_MR=1 moves begin there).
-  uint64_t first_page() const {
-    const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-    return (page - reinterpret_cast<uint64_t>(dst.data()) % page) % page;
-  }
+  uint64_t first_page() const { return first_page_of(dst.data()); }
   uint64_t tx_packets() { return ctx->counters().get(Counter::tx_packets); }
   Wc wait() {
     Wc wc;

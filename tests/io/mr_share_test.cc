@@ -4,6 +4,7 @@
 // maps the pages by the published descriptor.
 #include "io/shm/mr_share.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -173,8 +174,31 @@ TEST(MrShare, PagesTheApplicationUnmappedAreNotMappedBack) {
   auto s = share_pages(p, 2 * kPage);
   ASSERT_TRUE(s);
   munmap(p, 2 * kPage);
+  const pid_t pid = fork();  // nothing there to copy for the child
+  ASSERT_GE(pid, 0);
+  if (pid == 0) _exit(maps_perms(p).empty() ? 0 : 1);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   unshare_pages(*s);
   EXPECT_EQ(maps_perms(p), "");
+}
+
+// The application closed the memfd's number and opened another file under it: that file is neither
+// mapped over the pages nor closed; the pages stay shared.
+TEST(MrShare, AnFdTheApplicationReusedIsLeftAlone) {
+  Pages m(2);
+  auto s = share_pages(m.p, m.len);
+  ASSERT_TRUE(s);
+  const int other = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(other, 0);
+  ASSERT_EQ(dup2(other, s->fd), s->fd);  // closes the memfd, puts /dev/null in its place
+  close(other);
+  unshare_pages(*s);
+  EXPECT_NE(fcntl(s->fd, F_GETFD), -1) << "the application's fd was closed";
+  EXPECT_EQ(maps_perms(m.p), "rw-s");
+  EXPECT_TRUE(m.intact());
+  close(s->fd);
 }
 
 TEST(PeerMaps, MapsAPeersPagesByTheirDescriptor) {

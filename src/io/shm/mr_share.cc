@@ -21,7 +21,7 @@ namespace {
 struct Move {
   uint64_t id;
   int fd;
-  uint64_t ino;
+  uint64_t dev, ino;
   uint64_t start, len;  // the pages, in this process
   uint32_t refs;
   void* snapshot = nullptr;  // a private copy made just before a fork (the child's pages)
@@ -100,6 +100,18 @@ bool still_shared(const Move& m) {
   });
 }
 
+// Whether the move's fd is still its memfd: the application may have closed the number (a daemon closing
+// every fd) and opened something else under it, which must not be mapped, punched or closed. Without its
+// fd a move stays shared (correct; a fork still gives the child copies).
+bool fd_is_ours(const Move& m) {
+  struct stat sb;
+  return fstat(m.fd, &sb) == 0 && static_cast<uint64_t>(sb.st_dev) == m.dev &&
+         static_cast<uint64_t>(sb.st_ino) == m.ino;
+}
+void close_fd(const Move& m) {
+  if (fd_is_ours(m)) close(m.fd);
+}
+
 // Makes the pages private again without losing a write of another thread: a private mapping of the same
 // memfd replaces the shared one in one call (a write before it is in the memfd, which the private mapping
 // reads; a write after it makes the page a private copy), every page is then made a private copy
@@ -107,7 +119,7 @@ bool still_shared(const Move& m) {
 // so that madvise(MADV_DONTNEED) reads zeros there again, as in anonymous memory. A forked child must not
 // free them: they are its parent's too.
 void move_back(const Move& m, bool free_file) {
-  if (!still_shared(m)) return;
+  if (!still_shared(m) || !fd_is_ours(m)) return;
   auto* p = reinterpret_cast<uint8_t*>(m.start);
   if (mmap(p, m.len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, m.fd, 0) == MAP_FAILED)
     return;  // the pages stay shared: correct, and a fork still gives the child copies
@@ -126,6 +138,7 @@ void move_back(const Move& m, bool free_file) {
 void before_fork() {
   g_mu.lock();
   for (Move& m : g_moves) {
+    if (!still_shared(m)) continue;  // unmapped by the application: nothing to copy
     void* s = mmap(nullptr, m.len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (s == MAP_FAILED) continue;  // the child makes its pages private itself, a little later
     std::memcpy(s, reinterpret_cast<void*>(m.start), m.len);
@@ -146,7 +159,7 @@ void child_after_fork() {
                                reinterpret_cast<void*>(m.start)) != MAP_FAILED;
     if (!placed && m.snapshot != nullptr) munmap(m.snapshot, m.len);
     if (!placed) move_back(m, false);
-    close(m.fd);
+    close_fd(m);
   }
   g_moves.clear();
   g_mu.unlock();
@@ -197,7 +210,8 @@ std::optional<SharedPages> share_pages(const void* addr, uint64_t len) {
     close(fd);
     return std::nullopt;
   }
-  const Move m{g_next_id++, fd, static_cast<uint64_t>(sb.st_ino), start, n, 1};
+  const Move m{g_next_id++, fd, static_cast<uint64_t>(sb.st_dev), static_cast<uint64_t>(sb.st_ino), start,
+               n,           1};
   g_moves.push_back(m);
   return SharedPages{m.id, fd, m.ino, 0, start, n};
 }
@@ -209,7 +223,7 @@ void unshare_pages(const SharedPages& p) {
     if (m.id != p.id) continue;
     if (--m.refs == 0) {
       move_back(m, true);
-      close(m.fd);
+      close_fd(m);
       g_moves.erase(g_moves.begin() + static_cast<std::ptrdiff_t>(i));
     }
     return;

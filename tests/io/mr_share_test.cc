@@ -218,6 +218,10 @@ TEST(PeerMaps, MapsAPeersPagesByTheirDescriptor) {
   uint32_t again = ~0u;
   EXPECT_EQ(maps.acquire(*s, &again), base) << "mapped twice";
   maps.release(again);
+  SharedPages past = *s;  // the same id published again with a range past the end of the file
+  past.file_off = m.len - kPage;
+  past.len = 2 * kPage;
+  EXPECT_EQ(maps.acquire(past, &again), nullptr) << "a range past the end of the mapping was handed out";
   SharedPages wrong = *s;
   wrong.id += 1000;
   wrong.ino += 1;

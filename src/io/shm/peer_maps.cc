@@ -33,21 +33,26 @@ void PeerMaps::unmap(Entry& e) {
   e.len = 0;
 }
 
+// The mapping of entry i, in use, if the published pages lie inside it (a peer that publishes another
+// range under an id it used before gets nothing, not a copy past the end of the mapping).
+uint8_t* PeerMaps::use(uint32_t i, const SharedPages& p, uint32_t* slot) {
+  const Entry& e = e_[i];
+  if (p.file_off > e.len || p.len > e.len - p.file_off) {
+    release(i);
+    return nullptr;
+  }
+  *slot = i;
+  return e.base;
+}
+
 uint8_t* PeerMaps::acquire(const SharedPages& p, uint32_t* slot) {
   if (p.id == 0) return nullptr;
-  for (uint32_t i = 0; i < kSlots; ++i) {
-    if (try_use(i, p.id)) {
-      *slot = i;
-      return e_[i].base;
-    }
-  }
+  for (uint32_t i = 0; i < kSlots; ++i)
+    if (try_use(i, p.id)) return use(i, p, slot);
   std::lock_guard lock(mu_);
   uint32_t pick = kSlots;
   for (uint32_t i = 0; i < kSlots; ++i) {
-    if (try_use(i, p.id)) {  // mapped by another thread meanwhile
-      *slot = i;
-      return e_[i].base;
-    }
+    if (try_use(i, p.id)) return use(i, p, slot);  // mapped by another thread meanwhile
     if (pick == kSlots && e_[i].id.load(std::memory_order_relaxed) == 0) pick = i;
   }
   if (pick == kSlots) pick = next_victim_++ % kSlots;
@@ -70,8 +75,7 @@ uint8_t* PeerMaps::acquire(const SharedPages& p, uint32_t* slot) {
   e.len = static_cast<uint64_t>(sb.st_size);
   e.users.fetch_add(1, std::memory_order_relaxed);
   e.id.store(p.id, std::memory_order_release);
-  *slot = pick;
-  return e.base;
+  return use(pick, p, slot);
 }
 
 }  // namespace softrdma::io::shm

@@ -20,8 +20,8 @@ class PeerMaps {
   PeerMaps& operator=(const PeerMaps&) = delete;
 
   // The start of `pages`' memfd mapped here (its byte 0), held until release(*slot); null if it cannot be
-  // mapped. The caller makes sure that the peer keeps the memfd open meanwhile (an access announced in the
-  // access table's entry of the MR).
+  // mapped, or if the pages do not lie inside the file as mapped. The caller makes sure that the peer keeps
+  // the memfd open meanwhile (an access announced in the access table's entry of the MR).
   uint8_t* acquire(const SharedPages& pages, uint32_t* slot);
   void release(uint32_t slot) { e_[slot].users.fetch_sub(1, std::memory_order_release); }
 
@@ -33,6 +33,7 @@ class PeerMaps {
     uint64_t len = 0;
   };
   bool try_use(uint32_t i, uint64_t id);
+  uint8_t* use(uint32_t i, const SharedPages& p, uint32_t* slot);
   void unmap(Entry& e);
 
   const int pid_;

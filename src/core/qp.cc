@@ -74,9 +74,14 @@ int Qp::modify(const QpAttr& attr, uint32_t mask) {
   share_window(type() == QpType::kRc && attr_.qp_state != QpState::kReset &&
                (sharing_window_ || attr_.qp_state == QpState::kRts));
   if (err == 0 && type() == QpType::kRc) {
-    // What a same-host peer checks before it reads or writes this process's memory itself (io/shm).
+    // What a same-host peer checks before it reads or writes this process's memory itself (io/shm). With
+    // no responder resources for READ and atomics (max_dest_rd_atomic 0), its responder refuses them, as
+    // rxe's does: so must the peer.
     const QpState s = attr_.qp_state;
-    ctx_->backend()->publish_qp({qpn_, attr_.qp_access_flags, pd_->id, attr_.dest_qp_num,
+    const uint32_t access = attr_.max_dest_rd_atomic == 0
+                                ? attr_.qp_access_flags & ~(kRemoteRead | kRemoteAtomic)
+                                : attr_.qp_access_flags;
+    ctx_->backend()->publish_qp({qpn_, access, pd_->id, attr_.dest_qp_num,
                                  s == QpState::kRtr || s == QpState::kRts || s == QpState::kSqd});
   }
   return err;
@@ -178,8 +183,7 @@ int Qp::post_send(std::span<const SendWr> wrs, size_t* bad) {
   send_cq_polls_ = polls;
   posts_since_poll_ = polled ? 1 : posts_since_poll_ + 1;
   const bool rc = type() == QpType::kRc;
-  if (rc ? wire::psn_diff(req_.psn, comp_.psn) >= kCorkInFlight
-         : posts_since_poll_ > kCorkPostsInARow) {
+  if (rc ? wire::psn_diff(req_.psn, comp_.psn) >= kCorkInFlight : posts_since_poll_ > kCorkPostsInARow) {
     if (!corked_) {
       corked_ = true;
       ctx_->corked(qpn_);

@@ -51,7 +51,7 @@ struct Pair {
   std::unique_ptr<MemoryRegion> smr, dmr;
 
   explicit Pair(uint32_t b_access = kLocalWrite | kRemoteWrite | kRemoteRead,
-                uint32_t dmr_access = kLocalWrite | kRemoteWrite | kRemoteRead) {
+                uint32_t dmr_access = kLocalWrite | kRemoteWrite | kRemoteRead, uint8_t b_rd_atomic = 16) {
     ctx = std::move(*Context::open("sr_lo"));
     pd = *ctx->alloc_pd();
     pd2 = *ctx->alloc_pd();
@@ -65,6 +65,7 @@ struct Pair {
     PeerInfo ia = local_info(*ctx, *a, nullptr), ib = local_info(*ctx, *b, dmr.get());
     ConnectOptions oa, ob;
     ob.access = b_access;
+    ob.rd_atomic = b_rd_atomic;
     EXPECT_TRUE(connect_qp(*ctx, *a, ia, ib, oa));
     EXPECT_TRUE(connect_qp(*ctx, *b, ib, ia, ob));
   }
@@ -180,7 +181,9 @@ TEST_P(DirectP, EveryResponderCheckStillHolds) {
   struct Case {
     const char* what;
     uint32_t b_access, dmr_access;
-    int how;  // 0 as built, 1 wrong rkey, 2 past the end, 3 deregistered, 4 an MR of another PD
+    // 0 as built, 1 wrong rkey, 2 past the end, 3 deregistered, 4 an MR of another PD, 5 no responder
+    // resources for READ (max_dest_rd_atomic 0)
+    int how;
     WrOpcode op;
     WcStatus want = WcStatus::kRemAccessErr;
   };
@@ -195,12 +198,13 @@ TEST_P(DirectP, EveryResponderCheckStillHolds) {
         Case{"wrong rkey", all, all, 1, WrOpcode::kRdmaWrite},
         Case{"past the end", all, all, 2, WrOpcode::kRdmaWrite},
         Case{"deregistered", all, all, 3, WrOpcode::kRdmaWrite},
-        Case{"MR of another PD", all, all, 4, WrOpcode::kRdmaWrite}}) {
+        Case{"MR of another PD", all, all, 4, WrOpcode::kRdmaWrite},
+        Case{"QP with max_dest_rd_atomic 0", all, all, 5, WrOpcode::kRdmaRead, WcStatus::kRemInvReqErr}}) {
     SCOPED_TRACE(c.what);
-    Pair p(c.b_access, c.dmr_access);
+    Pair p(c.b_access, c.dmr_access, c.how == 5 ? 0 : 16);
     std::fill(p.src.begin(), p.src.end(), 0xAB);
     uint32_t rkey = p.dmr->rkey();
-    uint64_t off = 0;
+    uint64_t off = p.first_page() + 64;  // inside the pages that SOFTRDMA_SHARE_MR=1 shares
     std::unique_ptr<MemoryRegion> other;
     if (c.how == 1) rkey ^= 0x100;
     if (c.how == 2) off = p.dst.size() - 8;

@@ -30,8 +30,8 @@ struct LocalSeg {
 
 // A one-sided operation for the direct path.
 struct DirectOp {
-  bool read;           // READ (peer -> local) or WRITE (local -> peer)
-  uint32_t src_qpn;    // the requesting QP (the peer QP must be connected to it)
+  bool read;         // READ (peer -> local) or WRITE (local -> peer)
+  uint32_t src_qpn;  // the requesting QP (the peer QP must be connected to it)
   uint32_t dest_qpn;
   uint64_t va;
   uint32_t rkey;
@@ -39,6 +39,11 @@ struct DirectOp {
   const LocalSeg* segs;
   uint32_t nseg;
   bool shared_only = false;  // only by memcpy through pages the peer shares (no process_vm_* call)
+  // An ATOMIC (8 bytes at va; the original value goes to the local segments): only through pages the peer
+  // shares, with the CPU's atomics, as its responder runs them.
+  bool atomic = false;
+  bool cas = false;  // compare and swap (else fetch and add)
+  uint64_t compare_add = 0, swap = 0;
 };
 
 class Backend : public TxSink {

@@ -50,11 +50,12 @@ void attach_payload(io::TxPacket& p, const SendWqe& w, uint32_t offset, uint32_t
   }
 }
 
-// The one-sided way of a WRITE or READ (Backend::direct's result; -1: the ordinary way; -2: not a WRITE or
-// READ that could take it). `shared_only`: in a stream, only a memcpy through pages the peer shares (qp.h,
-// shared_direct_).
+// The one-sided way of a WRITE, READ or ATOMIC (Backend::direct's result; -1: the ordinary way; -2: not an
+// op that could take it). `shared_only`: in a stream, only a memcpy through pages the peer shares (qp.h,
+// shared_direct_); an ATOMIC goes one-sided only through them, with the CPU's atomics.
 int try_direct(Qp& qp, const SendWqe& w, bool shared_only) {
-  if ((w.opcode != WrOpcode::kRdmaWrite && w.opcode != WrOpcode::kRdmaRead) || w.length == 0 ||
+  const bool atomic = w.opcode == WrOpcode::kAtomicCmpAndSwp || w.opcode == WrOpcode::kAtomicFetchAndAdd;
+  if ((w.opcode != WrOpcode::kRdmaWrite && w.opcode != WrOpcode::kRdmaRead && !atomic) || w.length == 0 ||
       w.num_seg == 0)
     return -2;
   io::LocalSeg segs[kMaxSge];
@@ -67,7 +68,11 @@ int try_direct(Qp& qp, const SendWqe& w, bool shared_only) {
                         w.length,
                         segs,
                         w.num_seg,
-                        shared_only};
+                        shared_only || atomic,
+                        atomic,
+                        w.opcode == WrOpcode::kAtomicCmpAndSwp,
+                        w.compare_add,
+                        w.swap};
   return qp.ctx()->backend()->direct(qp.peer(), op);
 }
 
@@ -132,9 +137,10 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
       if (rd_atomic && qp.req_.rd_atomic >= std::max<uint32_t>(1, qp.attr_.max_rd_atomic)) break;
       // A fenced WQE waits for every READ/ATOMIC before it to complete.
       if (qp.req_.offset == 0 && (w.send_flags & kSendFence) && qp.req_.rd_atomic > 0) break;
-      // The same-host one-sided path: with nothing else outstanding (so nothing is reordered), a WRITE or a
-      // READ is done here, in the peer's memory, after the checks its responder would make (io/shm/
-      // access_table.h). It uses no PSN and completes in order at once. Anything else goes on below.
+      // The same-host one-sided path: with nothing else outstanding (so nothing is reordered), a WRITE, a
+      // READ (or, through shared pages, an ATOMIC) is done here, in the peer's memory, after the checks its
+      // responder would make (io/shm/access_table.h). It uses no PSN and completes in order at once.
+      // Anything else goes on below.
       int how = -1;
       if ((qp.may_direct_ || qp.shared_direct_) && !w.started && !sqd && qp.req_.offset == 0 &&
           qp.comp_.wqe == qp.req_.wqe && qp.req_.psn == qp.comp_.psn &&

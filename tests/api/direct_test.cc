@@ -172,6 +172,47 @@ TEST_P(DirectP, AStreamOfPostsGoesThroughTheRingsUnlessThePagesAreShared) {
   EXPECT_EQ(std::memcmp(p.dst.data() + page0 - 32, p.src.data(), 64), 0);
 }
 
+// ATOMICs go one-sided only through shared pages (with the CPU's atomics, as the responder runs them);
+// otherwise the ordinary way. The results are the same either way.
+TEST_P(DirectP, AtomicsGoOneSidedThroughSharedPagesOnly) {
+  if (!direct_path_on()) GTEST_SKIP() << "the same-host path is turned off in this environment";
+  const bool share = GetParam();
+  ShareMr env(share);
+  const uint32_t all = kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic;
+  Pair p(all, all);
+  const uint64_t off = p.first_page() + 64;
+  uint64_t target = 100;
+  std::memcpy(p.dst.data() + off, &target, 8);
+  uint64_t ops = p.direct_ops();
+  Sge s = p.smr->sge(0, 8);
+  auto atomic = [&](WrOpcode opcode, uint64_t at, uint64_t compare_add, uint64_t swap) {
+    SendWr wr = p.op(opcode, s, at, p.dmr->rkey());
+    wr.compare_add = compare_add;
+    wr.swap = swap;
+    EXPECT_TRUE(p.a->post_send(wr));
+    return p.wait();
+  };
+  auto orig = [&] {
+    uint64_t v;
+    std::memcpy(&v, p.src.data(), 8);
+    return v;
+  };
+  Wc wc = atomic(WrOpcode::kAtomicFetchAndAdd, off, 5, 0);
+  EXPECT_EQ(wc.status, WcStatus::kSuccess);
+  EXPECT_EQ(wc.byte_len, 8u);
+  EXPECT_EQ(orig(), 100u);
+  EXPECT_EQ(p.direct_ops(), share ? ++ops : ops);
+  wc = atomic(WrOpcode::kAtomicCmpAndSwp, off, 105, 7);  // matches: swapped
+  EXPECT_EQ(wc.status, WcStatus::kSuccess);
+  EXPECT_EQ(orig(), 105u);
+  wc = atomic(WrOpcode::kAtomicCmpAndSwp, off, 1, 9);  // does not match: unchanged
+  EXPECT_EQ(orig(), 7u);
+  std::memcpy(&target, p.dst.data() + off, 8);
+  EXPECT_EQ(target, 7u);
+  EXPECT_EQ(p.direct_ops(), share ? ops + 2 : ops);
+  EXPECT_EQ(p.shared_ops(), share ? 3u : 0u);
+}
+
 // Each check of the responder, failed: the operation goes the ordinary way and its responder NAKs it (as
 // rxe: an operation the QP does not allow is an invalid request, a bad key, range, PD or MR access a
 // remote access error), and the destination is untouched.

@@ -167,6 +167,19 @@ void copy_segs(const DirectOp& op, uint8_t* remote) {
   }
 }
 
+// An ATOMIC on the shared target, as the responder runs it (responder.cc, atomic_request).
+void run_atomic(const DirectOp& op, uint8_t* target) {
+  auto* t = reinterpret_cast<uint64_t*>(target);
+  uint64_t orig = op.compare_add;
+  if (op.cas)
+    __atomic_compare_exchange_n(t, &orig, op.swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  else
+    orig = __atomic_fetch_add(t, op.compare_add, __ATOMIC_SEQ_CST);
+  DirectOp into = op;
+  into.read = true;
+  copy_segs(into, reinterpret_cast<uint8_t*>(&orig));
+}
+
 }  // namespace
 
 int AccessTable::direct(void* map, size_t len, int pid, const DirectOp& op, PeerMaps* maps) {
@@ -176,7 +189,8 @@ int AccessTable::direct(void* map, size_t len, int pid, const DirectOp& op, Peer
           kAccessMagic ||
       h->version != kAccessVersion || h->pid != pid)
     return -1;
-  const uint32_t need = op.read ? kAccRemoteRead : kAccRemoteWrite;
+  const uint32_t need = op.atomic ? kAccRemoteAtomic : op.read ? kAccRemoteRead : kAccRemoteWrite;
+  if (op.atomic && (op.length != 8 || (op.va & 7) != 0)) return -1;  // its responder NAKs it
 
   // The QP, as its responder would check it.
   const SharedQp& q = qps(map)[op.dest_qpn & (kQpSlots - 1)];
@@ -216,8 +230,15 @@ int AccessTable::direct(void* map, size_t len, int pid, const DirectOp& op, Peer
       iovec remote{reinterpret_cast<void*>(at), op.length};
       uint32_t slot = 0;
       uint8_t* base = nullptr;
-      if (total != op.length) {
+      if (total != op.length || (op.atomic && (at & 7) != 0)) {
         // a malformed op: the ordinary way
+      } else if (op.atomic) {
+        if (maps && sp.id != 0 && at >= sp.addr && at - sp.addr <= sp.len && 8 <= sp.len - (at - sp.addr) &&
+            (base = maps->acquire(sp, &slot)) != nullptr) {
+          run_atomic(op, base + sp.file_off + (at - sp.addr));
+          maps->release(slot);
+          rc = 1;
+        }
       } else if (maps && sp.id != 0 && at >= sp.addr && at - sp.addr <= sp.len &&
                  op.length <= sp.len - (at - sp.addr) && (base = maps->acquire(sp, &slot)) != nullptr) {
         copy_segs(op, base + sp.file_off + (at - sp.addr));

@@ -39,6 +39,7 @@ inline constexpr uint32_t kMaxProbe = 64;
 // Access flags, as the verbs define them (ibv_access_flags).
 inline constexpr uint32_t kAccRemoteWrite = 1u << 1;
 inline constexpr uint32_t kAccRemoteRead = 1u << 2;
+inline constexpr uint32_t kAccRemoteAtomic = 1u << 3;
 
 struct SharedMr {
   std::atomic<uint32_t> seq;

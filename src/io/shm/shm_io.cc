@@ -129,7 +129,7 @@ void ShmIo::publish_mr(const MrInfo& mr) {
   shm::AccessTable* t = access_table();
   if (t == nullptr) return;
   std::optional<shm::SharedPages> pages;
-  if (share_mr_ && (mr.access & (shm::kAccRemoteWrite | shm::kAccRemoteRead)))
+  if (share_mr_ && (mr.access & (shm::kAccRemoteWrite | shm::kAccRemoteRead | shm::kAccRemoteAtomic)))
     pages = shm::share_pages(reinterpret_cast<const void*>(mr.addr), mr.length);
   if (pages) shared_.emplace_back(mr.key, *pages);
   t->publish_mr(mr, pages ? &*pages : nullptr);

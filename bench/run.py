@@ -684,7 +684,8 @@ SOCKET_TARGET_CASES = {("ib_write_bw", 64 * KIB, 1), ("ib_write_bw", MIB, 1), ("
 # an opt-in setting, so the same-host targets are read from the default runs and these are shown beside.
 SHARED_MR_ENV = {"SOFTRDMA_SHARE_MR": "1"}
 SHARED_MR_CASES = {("ib_write_bw", 8, 1), ("ib_write_bw", 64 * KIB, 1), ("ib_write_bw", MIB, 1),
-                   ("ib_write_lat", 8, 1), ("ib_read_lat", 8, 1)}
+                   ("ib_read_bw", MIB, 1), ("ib_write_lat", 8, 1), ("ib_read_lat", 8, 1),
+                   ("ib_atomic_lat", 8, 1)}
 
 # --quick: the cases the targets need, and one of every peer's tests so that every parser runs.
 QUICK = {

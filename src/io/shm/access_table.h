@@ -3,9 +3,12 @@
 // check an RDMA WRITE or READ the way its responder would: its RC QPs (state, remote access flags, PD,
 // peer QPN) and its MRs (key, PD, access, range, and where the range lies in its address space). A
 // requester whose QP has nothing else outstanding then moves the data itself with process_vm_writev or
-// process_vm_readv: one copy, no packet, no work for the peer's CPU, as with a NIC. Anything it cannot
-// check, or any failure of the call, sends the request the ordinary way instead (the responder then
-// decides, NAKs included), so this is an optimisation only: the semantics are the responder's.
+// process_vm_readv: one copy, no packet, no work for the peer's CPU, as with a NIC. Where the MR's pages
+// are shared (SOFTRDMA_SHARE_MR=1, mr_share.h), the entry also names their memfd, and the requester
+// copies with memcpy through its own mapping of it (peer_maps.h), or runs an ATOMIC there with the CPU's
+// atomics. Anything it cannot check, or any failure of the call, sends the request the ordinary way
+// instead (the responder then decides, NAKs included), so this is an optimisation only: the semantics
+// are the responder's.
 //
 // Races with the owner: each entry has a sequence number (odd while the owner rewrites it) that a reader
 // reads before and after the fields. A reader announces an access in an MR entry's `inflight` before it

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -426,6 +427,43 @@ TEST(ShmIo, KilledProcessLeavesAFileThatWedgesNothing) {
   EXPECT_GE(dir.files(), 1u);
   ShmIo::collect_garbage(dir.path);
   EXPECT_EQ(dir.files(), 2u) << "a and c are alive";
+}
+
+// A peer's shared pages (SOFTRDMA_SHARE_MR=1) are mapped here at its first one-sided op, and unmapped once
+// it is found gone, so that its memfds do not outlive it in this process.
+TEST(ShmIo, APeersSharedPagesAreUnmappedWhenItCloses) {
+  TempDir dir;
+  setenv("SOFTRDMA_SHARE_MR", "1", 1);
+  auto a = make_side(dir.path);
+  unsetenv("SOFTRDMA_SHARE_MR");
+  auto b = make_side(dir.path);
+  ASSERT_TRUE(a && b);
+  const size_t len = 2 * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  void* mem = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mem, MAP_FAILED);
+  const auto addr = reinterpret_cast<uint64_t>(mem);
+  a->io->publish_qp({.qpn = 0x123, .access = shm::kAccRemoteWrite, .pd = 1, .dest_qpn = 0x456, .open = true});
+  a->io->publish_mr(
+      {.key = 0x77, .access = shm::kAccRemoteWrite, .pd = 1, .iova = addr, .length = len, .addr = addr});
+  auto shared_maps = [] {  // mappings of shared pages' memfds, MAP_SHARED, in this process
+    std::ifstream f("/proc/self/maps");
+    int n = 0;
+    for (std::string line; std::getline(f, line);)
+      n += line.find("softrdma-mr") != std::string::npos && line.find(" rw-s ") != std::string::npos;
+    return n;
+  };
+  EXPECT_EQ(shared_maps(), 1) << "the owner's pages did not move";
+  uint64_t v = 42;
+  LocalSeg seg{&v, 8};
+  const DirectOp op{false, 0x456, 0x123, addr + 8, 0x77, 8, &seg, 1};
+  const wire::Endpoint a_ep = a->ep();
+  EXPECT_EQ(b->io->direct(a_ep, op), 1) << "not through the shared pages";
+  EXPECT_EQ(static_cast<uint64_t*>(mem)[1], 42u);
+  EXPECT_EQ(shared_maps(), 2) << "the requester did not map them";
+  a.reset();  // closes its port; its own pages move back
+  b->io->prepare_peer(a_ep);
+  EXPECT_EQ(shared_maps(), 0) << "a gone peer's memfd is still mapped";
+  munmap(mem, len);
 }
 
 TEST(ShmIo, SenderThatLeavesGivesItsRingBack) {

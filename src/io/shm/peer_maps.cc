@@ -14,6 +14,11 @@ PeerMaps::~PeerMaps() {
   for (Entry& e : e_) unmap(e);
 }
 
+void PeerMaps::clear() {
+  std::lock_guard lock(mu_);
+  for (Entry& e : e_) unmap(e);
+}
+
 // Announces a use of entry i, then checks that it still holds `id` (its evictor clears the id before it
 // waits for the users: one of the two sees the other).
 bool PeerMaps::try_use(uint32_t i, uint64_t id) {

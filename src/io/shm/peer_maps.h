@@ -24,6 +24,8 @@ class PeerMaps {
   // the memfd open meanwhile (an access announced in the access table's entry of the MR).
   uint8_t* acquire(const SharedPages& pages, uint32_t* slot);
   void release(uint32_t slot) { e_[slot].users.fetch_sub(1, std::memory_order_release); }
+  // Unmaps every mapping (once nothing uses it): the peer is gone, and its memfds need not outlive it here.
+  void clear();
 
  private:
   struct Entry {

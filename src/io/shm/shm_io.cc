@@ -684,7 +684,10 @@ ShmIo::Peer* ShmIo::recheck(PeerSlot& s, uint64_t now) {
   if (p != nullptr && !closed && still_valid(*p)) return p;
   struct stat st;
   if (p == nullptr && stat(port_path(s.key).c_str(), &st) != 0) return nullptr;  // still nobody here
-  if (p != nullptr) give_back(*p);
+  if (p != nullptr) {
+    give_back(*p);
+    if (p->maps) p->maps->clear();  // its shared pages: the memfds need not outlive it here
+  }
   Peer* np = open_peer(s.key);
   s.peer.store(np, std::memory_order_release);
   return np;

@@ -71,6 +71,14 @@ std::unique_ptr<Side> make_side(const std::string& dir, uint64_t netns = 0, uint
   return s;
 }
 
+// A side made with `var`=`value` in the environment (read when its backend is created).
+std::unique_ptr<Side> make_side_with(const std::string& dir, const char* var, const char* value) {
+  setenv(var, value, 1);
+  auto s = make_side(dir);
+  unsetenv(var);
+  return s;
+}
+
 // An RC SEND_ONLY to QP 0x111 with `psn`, the payload in two pieces and `pad` pad bytes.
 void make_packet(TxPacket& p, const Side& from, const wire::Endpoint& to, uint32_t psn,
                  const std::vector<uint8_t>& payload, uint8_t pad = 0) {
@@ -433,9 +441,7 @@ TEST(ShmIo, KilledProcessLeavesAFileThatWedgesNothing) {
 // it is found gone, so that its memfds do not outlive it in this process.
 TEST(ShmIo, APeersSharedPagesAreUnmappedWhenItCloses) {
   TempDir dir;
-  setenv("SOFTRDMA_SHARE_MR", "1", 1);
-  auto a = make_side(dir.path);
-  unsetenv("SOFTRDMA_SHARE_MR");
+  auto a = make_side_with(dir.path, "SOFTRDMA_SHARE_MR", "1");
   auto b = make_side(dir.path);
   ASSERT_TRUE(a && b);
   const size_t len = 2 * static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -487,9 +493,7 @@ TEST(ShmIo, SenderThatLeavesGivesItsRingBack) {
 
 TEST(ShmIo, FaultInjectionAppliesToRingPackets) {
   TempDir dir;
-  setenv("SOFTRDMA_FAULTS", "drop=0.5,seed=7", 1);
-  auto b = make_side(dir.path);
-  unsetenv("SOFTRDMA_FAULTS");
+  auto b = make_side_with(dir.path, "SOFTRDMA_FAULTS", "drop=0.5,seed=7");
   auto a = make_side(dir.path);
   ASSERT_TRUE(a && b);
   std::vector<uint8_t> payload(16, 2);

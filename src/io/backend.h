@@ -75,7 +75,7 @@ class Backend : public TxSink {
   // The same-host one-sided path. A backend that has it publishes the context's MRs and QPs (control path,
   // serialised by the caller; withdraw_mr waits for peers' accesses in flight) and carries out a one-sided
   // operation on a peer's memory itself: 0 when the data moved, 1 when it moved through pages the peer
-  // shares (a memcpy), -1 when it must go the ordinary way. The defaults have no such path.
+  // shares (a memcpy, or a CPU atomic), -1 when it must go the ordinary way. The defaults have no such path.
   virtual void publish_mr(const MrInfo& /*mr*/) {}
   virtual void withdraw_mr(uint32_t /*key*/) {}
   // After a withdrawn MR is gone from this process's responders too: gives back what publish_mr took.

@@ -232,19 +232,16 @@ int AccessTable::direct(void* map, size_t len, int pid, const DirectOp& op, Peer
       uint8_t* base = nullptr;
       if (total != op.length || (op.atomic && (at & 7) != 0)) {
         // a malformed op: the ordinary way
-      } else if (op.atomic) {
-        if (maps && sp.id != 0 && at >= sp.addr && at - sp.addr <= sp.len && 8 <= sp.len - (at - sp.addr) &&
-            (base = maps->acquire(sp, &slot)) != nullptr) {
-          run_atomic(op, base + sp.file_off + (at - sp.addr));
-          maps->release(slot);
-          rc = 1;
-        }
       } else if (maps && sp.id != 0 && at >= sp.addr && at - sp.addr <= sp.len &&
                  op.length <= sp.len - (at - sp.addr) && (base = maps->acquire(sp, &slot)) != nullptr) {
-        copy_segs(op, base + sp.file_off + (at - sp.addr));
+        uint8_t* target = base + sp.file_off + (at - sp.addr);
+        if (op.atomic)
+          run_atomic(op, target);
+        else
+          copy_segs(op, target);
         maps->release(slot);
         rc = 1;
-      } else if (!op.shared_only) {
+      } else if (!op.shared_only && !op.atomic) {  // (process_vm_* cannot run an atomic)
         const ssize_t r = op.read ? process_vm_readv(pid, local, op.nseg, &remote, 1, 0)
                                   : process_vm_writev(pid, local, op.nseg, &remote, 1, 0);
         if (r == static_cast<ssize_t>(op.length))

@@ -11,9 +11,7 @@ namespace {
 using namespace wire;
 
 bool is_read(const SendWqe& w) { return w.opcode == WrOpcode::kRdmaRead; }
-bool is_atomic(const SendWqe& w) {
-  return w.opcode == WrOpcode::kAtomicCmpAndSwp || w.opcode == WrOpcode::kAtomicFetchAndAdd;
-}
+bool is_atomic(const SendWqe& w) { return core::is_atomic(w.opcode); }
 
 WcOpcode wc_opcode(WrOpcode op) {
   switch (op) {

@@ -9,9 +9,7 @@ namespace {
 
 using namespace wire;
 
-bool is_read_or_atomic(WrOpcode op) {
-  return op == WrOpcode::kRdmaRead || op == WrOpcode::kAtomicCmpAndSwp || op == WrOpcode::kAtomicFetchAndAdd;
-}
+bool is_read_or_atomic(WrOpcode op) { return op == WrOpcode::kRdmaRead || is_atomic(op); }
 
 // Response packets per READ request: bounds what one request makes the responder send at once.
 constexpr uint32_t kReadChunk = 64;
@@ -54,7 +52,7 @@ void attach_payload(io::TxPacket& p, const SendWqe& w, uint32_t offset, uint32_t
 // op that could take it). `shared_only`: in a stream, only a memcpy through pages the peer shares (qp.h,
 // shared_direct_); an ATOMIC goes one-sided only through them, with the CPU's atomics.
 int try_direct(Qp& qp, const SendWqe& w, bool shared_only) {
-  const bool atomic = w.opcode == WrOpcode::kAtomicCmpAndSwp || w.opcode == WrOpcode::kAtomicFetchAndAdd;
+  const bool atomic = is_atomic(w.opcode);
   if ((w.opcode != WrOpcode::kRdmaWrite && w.opcode != WrOpcode::kRdmaRead && !atomic) || w.length == 0 ||
       w.num_seg == 0)
     return -2;
@@ -158,10 +156,7 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
         continue;
       }
     }
-    const uint32_t npkts =
-        (w.opcode == WrOpcode::kAtomicCmpAndSwp || w.opcode == WrOpcode::kAtomicFetchAndAdd)
-            ? 1
-            : packets_for(w.length, pmtu);
+    const uint32_t npkts = is_atomic(w.opcode) ? 1 : packets_for(w.length, pmtu);
     if (!w.started) {
       w.started = true;
       w.first_psn = qp.req_.psn;

@@ -13,6 +13,10 @@
 
 namespace softrdma::core {
 
+inline bool is_atomic(WrOpcode op) {
+  return op == WrOpcode::kAtomicCmpAndSwp || op == WrOpcode::kAtomicFetchAndAdd;
+}
+
 class Transport {
  public:
   // requester.cc

@@ -169,6 +169,23 @@ TEST(MrShare, MovedBackPagesReadZerosAfterDontneed) {
   EXPECT_EQ(nonzero, 0u);
 }
 
+// A buffer registered, deregistered and registered again (as applications do) moves again: once moved
+// back, its pages are a private mapping of the emptied memfd, private memory all the same.
+TEST(MrShare, PagesMovedBackMoveAgain) {
+  Pages m(2);
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE(round);
+    auto s = share_pages(m.p, m.len);
+    ASSERT_TRUE(s) << "not moved";
+    EXPECT_EQ(maps_perms(m.p), "rw-s");
+    m.p[5] = 0x77;
+    unshare_pages(*s);
+    EXPECT_EQ(m.p[5], 0x77);
+    m.p[5] = static_cast<uint8_t>(5 * 13 + 5);
+    EXPECT_TRUE(m.intact());
+  }
+}
+
 TEST(MrShare, PagesTheApplicationUnmappedAreNotMappedBack) {
   void* p = mmap(nullptr, 2 * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   auto s = share_pages(p, 2 * kPage);

@@ -86,9 +86,14 @@ bool range_is(uint64_t a, uint64_t b, F ok) {
   return at >= b;
 }
 
+constexpr const char* kMemfdName = "softrdma-mr";
+
+// Private anonymous memory, or pages an earlier move gave back: a private mapping of its emptied memfd,
+// whose pages are all private copies (move_back), so that a buffer registered again moves again.
 bool private_anonymous(const MapLine& l) {
-  if (std::strcmp(l.perms, "rw-p") != 0 || l.inode != 0) return false;
+  if (std::strcmp(l.perms, "rw-p") != 0) return false;
   const std::string_view path(l.path, l.path_len);
+  if (l.inode != 0) return path == std::string("/memfd:") + kMemfdName + " (deleted)";
   return path.empty() || path == "[heap]" || path.starts_with("[anon:");
 }
 
@@ -193,7 +198,7 @@ std::optional<SharedPages> share_pages(const void* addr, uint64_t len) {
   }
   if (!range_is(start, end, private_anonymous)) return std::nullopt;
 
-  const int fd = memfd_create("softrdma-mr", MFD_CLOEXEC);
+  const int fd = memfd_create(kMemfdName, MFD_CLOEXEC);
   if (fd < 0) return std::nullopt;
   struct stat sb;
   void* tmp = MAP_FAILED;

@@ -786,16 +786,13 @@ def targets(cases):
     for size in (64 * KIB, MIB):
         add(f"{path}: ib_write_bw {size_str(size)} 64 QPs >= 0.9x 1 QP", sr("ib_write_bw", size, 64), "bw",
             sr("ib_write_bw", size, 1), "bw", ">=", 0.9, "GB/s")
-    add("same-host path: ib_write_bw 1 MiB >= 1.0x UCX cma put_bw 1 MiB", sr("ib_write_bw", MIB, variant="default"),
-        "bw", find(cases, "ucx", "put_bw", "cma", MIB), "bw", ">=", 1.0, "GB/s")
-    add("same-host path: ib_write_lat 8 B <= 1.0x fi_pingpong shm 64 B", sr("ib_write_lat", 8, variant="default"),
-        "lat_us", find(cases, "libfabric", "fi_pingpong", "shm", 64), "lat_us", "<=", 1.0, "us")
-    # The same two with SOFTRDMA_SHARE_MR=1 (opt-in, not the default the targets name): shown beside them.
-    opt = "same-host path, SOFTRDMA_SHARE_MR=1 (opt-in)"
-    add(f"{opt}: ib_write_bw 1 MiB >= 1.0x UCX cma put_bw 1 MiB", sr("ib_write_bw", MIB, variant="shared-mr"),
-        "bw", find(cases, "ucx", "put_bw", "cma", MIB), "bw", ">=", 1.0, "GB/s")
-    add(f"{opt}: ib_write_lat 8 B <= 1.0x fi_pingpong shm 64 B", sr("ib_write_lat", 8, variant="shared-mr"),
-        "lat_us", find(cases, "libfabric", "fi_pingpong", "shm", 64), "lat_us", "<=", 1.0, "us")
+    # The same two again with SOFTRDMA_SHARE_MR=1 (opt-in, not the default the targets name), beside them.
+    for variant, path in (("default", "same-host path"),
+                          ("shared-mr", "same-host path, SOFTRDMA_SHARE_MR=1 (opt-in)")):
+        add(f"{path}: ib_write_bw 1 MiB >= 1.0x UCX cma put_bw 1 MiB", sr("ib_write_bw", MIB, variant=variant),
+            "bw", find(cases, "ucx", "put_bw", "cma", MIB), "bw", ">=", 1.0, "GB/s")
+        add(f"{path}: ib_write_lat 8 B <= 1.0x fi_pingpong shm 64 B", sr("ib_write_lat", 8, variant=variant),
+            "lat_us", find(cases, "libfabric", "fi_pingpong", "shm", 64), "lat_us", "<=", 1.0, "us")
     return out
 
 

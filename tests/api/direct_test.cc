@@ -181,8 +181,10 @@ TEST_P(DirectP, AtomicsGoOneSidedThroughSharedPagesOnly) {
   const uint32_t all = kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic;
   Pair p(all, all);
   const uint64_t off = p.first_page() + 64;
-  uint64_t target = 100;
-  std::memcpy(p.dst.data() + off, &target, 8);
+  // The target is set and read with atomics: the responder's atomic may run on the progress thread,
+  // reached through the kernel or the rings, an order that TSan cannot see.
+  auto* target = reinterpret_cast<uint64_t*>(p.dst.data() + off);
+  __atomic_store_n(target, 100, __ATOMIC_SEQ_CST);
   uint64_t ops = p.direct_ops();
   Sge s = p.smr->sge(0, 8);
   auto atomic = [&](WrOpcode opcode, uint64_t at, uint64_t compare_add, uint64_t swap) {
@@ -207,8 +209,7 @@ TEST_P(DirectP, AtomicsGoOneSidedThroughSharedPagesOnly) {
   EXPECT_EQ(orig(), 105u);
   wc = atomic(WrOpcode::kAtomicCmpAndSwp, off, 1, 9);  // does not match: unchanged
   EXPECT_EQ(orig(), 7u);
-  std::memcpy(&target, p.dst.data() + off, 8);
-  EXPECT_EQ(target, 7u);
+  EXPECT_EQ(__atomic_load_n(target, __ATOMIC_SEQ_CST), 7u);
   EXPECT_EQ(p.direct_ops(), share ? ops + 2 : ops);
   EXPECT_EQ(p.shared_ops(), share ? 3u : 0u);
 }

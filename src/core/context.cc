@@ -186,6 +186,7 @@ std::expected<Qp*, int> Context::create_qp(Pd* pd, const QpInitAttr& init) {
   if (init.type != QpType::kRc && init.type != QpType::kUc && init.type != QpType::kUd)
     return std::unexpected(EOPNOTSUPP);
   if (!take_one(n_qp_, kMaxQp)) return std::unexpected(ENOMEM);
+  if (init.type == QpType::kUd) backend_->want_ip_fields();  // for its receives' GRH
   std::lock_guard g(mu_);
   auto qpn = alloc_qpn();
   if (!qpn) {

@@ -162,6 +162,7 @@ TEST(UdpIoTest, ExchangesBurstsWithEveryIovSplitAndPad) {
   auto a = make_peer("127.0.0.1");
   auto b = make_peer("127.0.0.1");
   ASSERT_TRUE(a && b);
+  b->io->want_ip_fields();  // the TOS and TTL below as the kernel reports them
 
   const size_t sizes[] = {0, 1, 3, 7, 64, 1024, 4093, 4096};
   const uint32_t splits[] = {0, 1, 2, 3, kMaxPayloadIov};
@@ -366,13 +367,20 @@ TEST(UdpIoTest, TxDropsWhatItCannotSend) {
   EXPECT_EQ(a->io->tx_dropped(), 4u);
 }
 
-// A plain UDP socket on 127.0.0.1 with DF (as the ICRC assumes), to send hand-made datagrams.
+// A plain UDP socket on 127.0.0.1 with DF (as the ICRC assumes), to send hand-made datagrams; with a TOS
+// and TTL of its own when given.
 class RawSender {
  public:
-  RawSender() {
+  explicit RawSender(int tos = -1, int ttl = -1) {
     fd_ = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     int pmtu = IP_PMTUDISC_DO;
     setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
+    if (tos >= 0) {
+      EXPECT_EQ(setsockopt(fd_, IPPROTO_IP, IP_TOS, &tos, sizeof tos), 0);
+    }
+    if (ttl >= 0) {
+      EXPECT_EQ(setsockopt(fd_, IPPROTO_IP, IP_TTL, &ttl, sizeof ttl), 0);
+    }
     sockaddr_in sin{};
     sin.sin_family = AF_INET;
     sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -409,6 +417,33 @@ class RawSender {
   int fd_ = -1;
   uint16_t port_ = 0;
 };
+
+// TOS and TTL (a UD receive's GRH) are asked of the sockets once a UD QP wants them, on the ports open then
+// and on those opened later; before, a packet says TOS 0 and TTL 64.
+TEST(UdpIoTest, TosAndTtlAreReportedOnceWanted) {
+  auto b = make_peer("127.0.0.1");
+  ASSERT_TRUE(b);
+  RawSender raw(0xb8, 9);
+  raw.send(b->ep(), raw.packet(b->ep(), 1, 8));
+  auto got = receive(*b->io, 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].src, raw.ep());
+  EXPECT_EQ(got[0].tos, 0);
+  EXPECT_EQ(got[0].ttl, 64);
+  b->io->want_ip_fields();
+  auto later = b->io->open_port(0);
+  ASSERT_TRUE(later.has_value());
+  b->ports.push_back(*later);
+  for (size_t i = 0; i < 2; ++i) {
+    raw.send(b->ep(i), raw.packet(b->ep(i), 2, 8));
+    got = receive(*b->io, 1);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0].dst, b->ep(i));
+    EXPECT_EQ(got[0].tos, 0xb8);
+    EXPECT_EQ(got[0].ttl, 9);
+  }
+  EXPECT_EQ(count(*b, Counter::drop_bad_icrc), 0u);
+}
 
 TEST(UdpIoTest, DropsBadIcrcAndTruncated) {
   auto b = make_peer("127.0.0.1");

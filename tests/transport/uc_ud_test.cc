@@ -180,6 +180,8 @@ struct UdFixture {
 TEST(Ud, SendPlacesTheGrhFirst) {
   UdFixture f;
   Harness& h = f.h;
+  // A UD QP asks its backend for the TOS and TTL of what it receives (an RC QP does not: Rc tests).
+  EXPECT_TRUE(h.b.be->ip_fields_wanted);
   for (uint32_t len : {0u, 1u, 100u, 1000u, 4096u}) {  // up to the MTU (the interface's: 4096)
     SCOPED_TRACE(len);
     std::memset(h.b.buf.data(), 0xEE, 8192);

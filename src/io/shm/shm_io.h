@@ -98,6 +98,7 @@ class ShmIo : public Backend {
   bool wakes_by_doorbell() const override { return true; }
   // Also looks again at a peer it knows: a restarted process may have the port of a dead one.
   void prepare_peer(const wire::Endpoint& dst) override;
+  void want_ip_fields() override { udp_->want_ip_fields(); }
   // The one-sided path (access_table.h).
   void publish_mr(const MrInfo& mr) override;
   void withdraw_mr(uint32_t key) override;

@@ -62,6 +62,8 @@ class SimBackend : public Backend {
   uint32_t rx_burst(RxPacket* out, uint32_t max) override;
   int poll_fd() const override { return -1; }
   const wire::Gid& local_addr() const override { return addr_; }
+  void want_ip_fields() override { ip_fields_wanted = true; }
+  bool ip_fields_wanted = false;  // (its packets carry the sender's TOS and TTL either way)
   // Counts of what rx_burst dropped.
   uint64_t bad_icrc = 0, truncated = 0;
   // A test hook, run once at the end of the next rx_burst (after it read the inbox), then cleared: what

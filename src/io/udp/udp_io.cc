@@ -28,9 +28,8 @@ constexpr uint32_t kMinPacket = wire::kBthLen + wire::kIcrcLen;
 // Largest UDP payload over IPv4 (65535 - 20 - 8); the IPv6 limit is larger but the same bound serves.
 constexpr uint32_t kMaxUdpPayload = 65507;
 constexpr uint8_t kZeros[4] = {};
-// pktinfo (the largest is in6_pktinfo) + TOS/traffic class + TTL/hop limit.
-constexpr size_t kRxCtrlLen =
-    CMSG_SPACE(sizeof(in6_pktinfo)) + 2 * CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(uint32_t)) + 32;
+// TOS/traffic class, TTL/hop limit, the GRO segment size and the drop count (SO_RXQ_OVFL), with room to spare.
+constexpr size_t kRxCtrlLen = 3 * CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(uint32_t)) + 32;
 
 union SockAddr {
   sockaddr sa;
@@ -199,18 +198,13 @@ std::expected<uint16_t, int> UdpIo::open_port(uint16_t port) {
   if (v4_) {
     int pmtu = IP_PMTUDISC_DO;
     if (setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu) != 0) return fail(errno);
-    set_int_opt(fd, IPPROTO_IP, IP_PKTINFO, 1);
-    set_int_opt(fd, IPPROTO_IP, IP_RECVTOS, 1);
-    set_int_opt(fd, IPPROTO_IP, IP_RECVTTL, 1);
   } else {
     int pmtu = IPV6_PMTUDISC_DO;
     if (setsockopt(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu, sizeof pmtu) != 0) return fail(errno);
     set_int_opt(fd, IPPROTO_IPV6, IPV6_DONTFRAG, 1);  // no fragment header: the ICRC assumes none
     set_int_opt(fd, IPPROTO_IPV6, IPV6_V6ONLY, 1);
-    set_int_opt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, 1);
-    set_int_opt(fd, IPPROTO_IPV6, IPV6_RECVTCLASS, 1);
-    set_int_opt(fd, IPPROTO_IPV6, IPV6_RECVHOPLIMIT, 1);
   }
+  // No IP_PKTINFO: the socket is bound to local_addr_, so that is every packet's destination.
   // Always accept coalesced datagrams (a peer may send with GSO); rx_burst splits them.
   set_int_opt(fd, SOL_UDP, UDP_GRO, 1);
   set_int_opt(fd, SOL_SOCKET, SO_RXQ_OVFL, 1);
@@ -250,10 +244,28 @@ std::expected<uint16_t, int> UdpIo::open_port(uint16_t port) {
     epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
     return fail(ENOSPC);
   }
+  if (ip_fields_) report_ip_fields(fd);
   slots_[n].store(s.get(), std::memory_order_release);
   nslots_.store(n + 1, std::memory_order_release);
   owned_.push_back(std::move(s));
   return bound_port;
+}
+
+void UdpIo::report_ip_fields(int fd) const {
+  if (v4_) {
+    set_int_opt(fd, IPPROTO_IP, IP_RECVTOS, 1);
+    set_int_opt(fd, IPPROTO_IP, IP_RECVTTL, 1);
+  } else {
+    set_int_opt(fd, IPPROTO_IPV6, IPV6_RECVTCLASS, 1);
+    set_int_opt(fd, IPPROTO_IPV6, IPV6_RECVHOPLIMIT, 1);
+  }
+}
+
+void UdpIo::want_ip_fields() {
+  std::lock_guard lock(ctl_mu_);
+  if (ip_fields_) return;
+  ip_fields_ = true;
+  for (const auto& s : owned_) report_ip_fields(s->fd);  // a closed port's fd stays open (close_port)
 }
 
 // The socket stops sending and receiving at once; its fd and buffers live until the UdpIo goes, since
@@ -548,22 +560,14 @@ uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t no
       const uint8_t* d = CMSG_DATA(c);
       int v = 0;
       if (c->cmsg_level == IPPROTO_IP) {
-        if (c->cmsg_type == IP_PKTINFO) {
-          in_pktinfo pi;
-          std::memcpy(&pi, d, sizeof pi);
-          p.dst.addr = wire::Gid::from_v4(pi.ipi_addr.s_addr);
-        } else if (c->cmsg_type == IP_TOS) {
+        if (c->cmsg_type == IP_TOS) {
           p.tos = *d;
         } else if (c->cmsg_type == IP_TTL) {
           std::memcpy(&v, d, sizeof v);
           p.ttl = static_cast<uint8_t>(v);
         }
       } else if (c->cmsg_level == IPPROTO_IPV6) {
-        if (c->cmsg_type == IPV6_PKTINFO) {
-          in6_pktinfo pi;
-          std::memcpy(&pi, d, sizeof pi);
-          std::memcpy(p.dst.addr.raw.data(), &pi.ipi6_addr, 16);
-        } else if (c->cmsg_type == IPV6_TCLASS) {
+        if (c->cmsg_type == IPV6_TCLASS) {
           std::memcpy(&v, d, sizeof v);
           p.tos = static_cast<uint8_t>(v);
         } else if (c->cmsg_type == IPV6_HOPLIMIT) {

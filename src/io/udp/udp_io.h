@@ -78,6 +78,7 @@ class UdpIo : public Backend {
   // True when each socket's last receive call came back with fewer datagrams than it asked for and none are
   // left over (not under fault injection, nor with more sockets than kDirectRecvMaxSockets).
   bool rx_drained() const override { return drained_; }
+  void want_ip_fields() override;
 
   const wire::Gid& local_addr() const override { return local_addr_; }
   size_t num_ports() const;  // open ones
@@ -109,6 +110,7 @@ class UdpIo : public Backend {
   // `emptied`: whether this call left the socket with nothing queued that it knows of (see rx_drained).
   uint32_t recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t now, bool* emptied);
   void send_chunk(Socket& s, TxScratch& t, uint32_t n);
+  void report_ip_fields(int fd) const;  // asks the kernel for each packet's TOS and TTL
 
   // Fault injection (io/udp/fault_injector.h): on receive, configured by SOFTRDMA_FAULTS; null when off.
   std::unique_ptr<RxFaults> faults_;
@@ -124,7 +126,8 @@ class UdpIo : public Backend {
   static constexpr uint32_t kMaxSockets = 4096;  // x 256 QPNs each
   std::unique_ptr<std::atomic<Socket*>[]> slots_;  // filled in order, never reused; null once closed
   std::atomic<uint32_t> nslots_{0};
-  std::mutex ctl_mu_;  // open_port / close_port
+  std::mutex ctl_mu_;  // open_port / close_port / want_ip_fields
+  bool ip_fields_ = false;  // want_ip_fields was called (under ctl_mu_)
   std::vector<std::unique_ptr<Socket>> owned_;
   size_t rx_rr_ = 0;  // round-robin start for rx_burst
   bool drained_ = false;  // rx_drained

@@ -54,6 +54,7 @@ namespace softrdma {
   X(direct_ops, "RDMA WRITEs, READs (and ATOMICs) done in a same-host peer's memory directly (no packet)") \
   X(direct_bytes, "bytes those moved")                                                  \
   X(direct_shared_ops, "of those, copies through pages the peer shares (SOFTRDMA_SHARE_MR=1)") \
+  X(direct_mem_file_ops, "of those, small ones through the peer's /proc/<pid>/mem")  \
   X(acks_deferred, "RC ACKs deferred to the QP's next post (at most 20 us)")           \
   X(acks_deferred_late, "deferred ACKs that went by their deadline, no post in time") \
   X(progress_sleeps, "progress-thread sleeps (each ends in a wake-up)")               \

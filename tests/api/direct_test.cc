@@ -71,6 +71,7 @@ struct Pair {
   }
   uint64_t direct_ops() { return ctx->counters().get(Counter::direct_ops); }
   uint64_t shared_ops() { return ctx->counters().get(Counter::direct_shared_ops); }
+  uint64_t mem_file_ops() { return ctx->counters().get(Counter::direct_mem_file_ops); }
   // The offset of dst's first whole page (the pages that SOFTRDMA_SHARE_MR=1 moves begin there).
   uint64_t first_page() const { return first_page_of(dst.data()); }
   uint64_t tx_packets() { return ctx->counters().get(Counter::tx_packets); }
@@ -102,7 +103,7 @@ TEST_P(DirectP, WriteAndReadMoveTheDataWithoutPackets) {
   EXPECT_EQ(testutil::maps_perms(p.dst.data() + p.first_page()), share ? "rw-s" : "rw-p");
   EXPECT_EQ(testutil::maps_perms(p.src.data() + 8192), "rw-p") << "an MR without remote access was moved";
   for (size_t i = 0; i < p.src.size(); ++i) p.src[i] = static_cast<uint8_t>(i * 7 + 1);
-  uint64_t ops = p.direct_ops(), shared = p.shared_ops();
+  uint64_t ops = p.direct_ops(), shared = p.shared_ops(), mem_file = p.mem_file_ops();
   const uint64_t packets = p.tx_packets();
   const uint64_t page0 = p.first_page();
   struct Case {
@@ -123,6 +124,9 @@ TEST_P(DirectP, WriteAndReadMoveTheDataWithoutPackets) {
     EXPECT_EQ(p.direct_ops(), ++ops);
     if (share && c.in_whole_pages) ++shared;
     EXPECT_EQ(p.shared_ops(), shared);
+    // Else a small op is one write to the peer's /proc/<pid>/mem, a large one a process_vm_writev.
+    if (!(share && c.in_whole_pages) && c.len <= 1024) ++mem_file;
+    EXPECT_EQ(p.mem_file_ops(), mem_file);
   }
   // READ: the peer's bytes into the local buffer (at an offset into the remote MR).
   std::memset(p.src.data(), 0, 5000);
@@ -135,6 +139,15 @@ TEST_P(DirectP, WriteAndReadMoveTheDataWithoutPackets) {
   EXPECT_EQ(std::memcmp(p.src.data(), p.dst.data() + page0 + 1000, 5000), 0);
   EXPECT_EQ(p.direct_ops(), ++ops);
   EXPECT_EQ(p.shared_ops(), share ? ++shared : shared);
+  // A small READ: one read of the peer's /proc/<pid>/mem.
+  std::memset(p.src.data(), 0, 100);
+  s = p.smr->sge(0, 100);
+  ASSERT_TRUE(p.a->post_send(p.op(WrOpcode::kRdmaRead, s, page0 - 50, p.dmr->rkey())));
+  wc = p.wait();
+  EXPECT_EQ(wc.status, WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(p.src.data(), p.dst.data() + page0 - 50, 100), 0);
+  EXPECT_EQ(p.direct_ops(), ++ops);
+  EXPECT_EQ(p.mem_file_ops(), ++mem_file);
   EXPECT_EQ(p.tx_packets(), packets) << "a one-sided operation on the same host sends nothing";
   // Deregistration moves the pages back, with what the WRITEs put there.
   p.dst[page0 + 5] = 0x6B;

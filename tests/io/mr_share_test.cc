@@ -269,5 +269,28 @@ TEST(PeerMaps, MoreMovesThanSlotsEvictTheOldest) {
   for (const SharedPages& s : shares) unshare_pages(s);
 }
 
+// The peer's /proc/<pid>/mem: one file for every small op, writes and reads reach the peer's memory, and
+// after clear() (the peer gone) it is not opened again.
+TEST(PeerMaps, OpensThePeersMemoryFileOnce) {
+  PeerMaps maps(getpid());  // this process as its own peer
+  uint64_t target = 0;
+  const int fd = maps.acquire_mem();
+  ASSERT_GE(fd, 0);
+  const uint64_t v = 0x1122334455667788;
+  EXPECT_EQ(pwrite(fd, &v, sizeof v, static_cast<off_t>(reinterpret_cast<uintptr_t>(&target))), 8);
+  maps.release_mem();
+  EXPECT_EQ(__atomic_load_n(&target, __ATOMIC_SEQ_CST), v);
+  EXPECT_EQ(maps.acquire_mem(), fd) << "opened twice";
+  uint64_t back = 0;
+  EXPECT_EQ(pread(fd, &back, sizeof back, static_cast<off_t>(reinterpret_cast<uintptr_t>(&target))), 8);
+  EXPECT_EQ(back, v);
+  maps.release_mem();
+  maps.clear();
+  EXPECT_EQ(maps.acquire_mem(), -1);
+  EXPECT_EQ(fcntl(fd, F_GETFD), -1) << "the file is still open";
+  PeerMaps nobody(0x7fffffff);  // no such process
+  EXPECT_EQ(nobody.acquire_mem(), -1);
+}
+
 }  // namespace
 }  // namespace softrdma::io::shm

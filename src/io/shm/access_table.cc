@@ -24,6 +24,10 @@ static_assert(sizeof(AccessHeader) <= kHeaderBytes);
 constexpr size_t kMrOffset = kHeaderBytes;
 constexpr size_t kQpOffset = kMrOffset + size_t{kMrSlots} * sizeof(SharedMr);
 constexpr size_t kFileBytes = (kQpOffset + size_t{kQpSlots} * sizeof(SharedQp) + 4095) & ~size_t{4095};
+// One-sided ops up to this size go through the peer's /proc/<pid>/mem (PeerMaps::acquire_mem). Its copy
+// goes through a kernel page: 4 KiB took 1.16 us there against 1.35 with process_vm_writev, but 4 KiB
+// ib_write_bw (same host) lost 10-20%; 512 bytes 0.82 against 1.14 us.
+constexpr uint64_t kMemFileMax = 1024;
 
 SharedMr* mrs(void* map) { return reinterpret_cast<SharedMr*>(static_cast<uint8_t*>(map) + kMrOffset); }
 SharedQp* qps(void* map) { return reinterpret_cast<SharedQp*>(static_cast<uint8_t*>(map) + kQpOffset); }
@@ -242,12 +246,23 @@ int AccessTable::direct(void* map, size_t len, int pid, const DirectOp& op, Peer
         maps->release(slot);
         rc = 1;
       } else if (!op.shared_only && !op.atomic) {  // (process_vm_* cannot run an atomic)
-        const ssize_t r = op.read ? process_vm_readv(pid, local, op.nseg, &remote, 1, 0)
-                                  : process_vm_writev(pid, local, op.nseg, &remote, 1, 0);
-        if (r == static_cast<ssize_t>(op.length))
-          rc = 0;
-        else if (r < 0 && (errno == EPERM || errno == ENOSYS || errno == ESRCH))
-          rc = -2;
+        if (maps && op.nseg == 1 && op.length <= kMemFileMax) {
+          if (const int fd = maps->acquire_mem(); fd >= 0) {
+            const auto off = static_cast<off_t>(at);
+            const ssize_t r = op.read ? pread(fd, local[0].iov_base, op.length, off)
+                                      : pwrite(fd, local[0].iov_base, op.length, off);
+            maps->release_mem();
+            if (r == static_cast<ssize_t>(op.length)) rc = 2;
+          }
+        }
+        if (rc != 2) {
+          const ssize_t r = op.read ? process_vm_readv(pid, local, op.nseg, &remote, 1, 0)
+                                    : process_vm_writev(pid, local, op.nseg, &remote, 1, 0);
+          if (r == static_cast<ssize_t>(op.length))
+            rc = 0;
+          else if (r < 0 && (errno == EPERM || errno == ENOSYS || errno == ESRCH))
+            rc = -2;
+        }
       }
     }
     e.inflight.fetch_sub(1, std::memory_order_seq_cst);

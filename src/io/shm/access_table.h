@@ -103,7 +103,8 @@ class AccessTable {
   void publish_qp(const QpInfo& qp);  // open = false withdraws it
 
   // Reader side, on a peer's table mapped by `map`: 0 when the data moved (process_vm_*), 1 when it moved
-  // by memcpy, or an ATOMIC ran, through pages the peer shares (`maps`, if given, maps them), -1 when the op
+  // by memcpy, or an ATOMIC ran, through pages the peer shares (`maps`, if given, maps them), 2 when it
+  // moved through the peer's /proc/<pid>/mem (`maps`, a small op), -1 when the op
   // must go the ordinary way (nothing can be checked, a check fails, or the call fails), -2 when the kernel
   // refused the call (another user, a ptrace policy, the peer gone).
   static int direct(void* map, size_t len, int pid, const DirectOp& op, PeerMaps* maps);

@@ -12,11 +12,41 @@ namespace softrdma::io::shm {
 
 PeerMaps::~PeerMaps() {
   for (Entry& e : e_) unmap(e);
+  close_mem();
 }
 
 void PeerMaps::clear() {
   std::lock_guard lock(mu_);
   for (Entry& e : e_) unmap(e);
+  close_mem();
+}
+
+// As try_use and unmap for the entries: a user announces itself, then checks the file is still there; the
+// closer takes it away first, then waits for the users.
+int PeerMaps::acquire_mem() {
+  int fd = mem_fd_.load(std::memory_order_acquire);
+  if (fd == kMemUntried) {
+    std::lock_guard lock(mu_);
+    fd = mem_fd_.load(std::memory_order_relaxed);
+    if (fd == kMemUntried) {
+      char path[32];
+      std::snprintf(path, sizeof path, "/proc/%d/mem", pid_);
+      fd = open(path, O_RDWR | O_CLOEXEC);
+      if (fd < 0) fd = kMemNone;
+      mem_fd_.store(fd, std::memory_order_release);
+    }
+  }
+  if (fd < 0) return -1;
+  mem_users_.fetch_add(1, std::memory_order_seq_cst);
+  if (mem_fd_.load(std::memory_order_seq_cst) == fd) return fd;
+  release_mem();
+  return -1;
+}
+
+void PeerMaps::close_mem() {
+  const int fd = mem_fd_.exchange(kMemNone, std::memory_order_seq_cst);
+  while (mem_users_.load(std::memory_order_seq_cst) != 0) std::this_thread::yield();
+  if (fd >= 0) close(fd);
 }
 
 // Announces a use of entry i, then checks that it still holds `id` (its evictor clears the id before it

@@ -165,8 +165,9 @@ int ShmIo::direct(const wire::Endpoint& dst, const DirectOp& op) {
     counters_->add(Counter::direct_ops);
     counters_->add(Counter::direct_bytes, op.length);
     if (rc == 1) counters_->add(Counter::direct_shared_ops);
+    if (rc == 2) counters_->add(Counter::direct_mem_file_ops);
   }
-  return rc >= 0 ? rc : -1;
+  return rc == 1 ? 1 : rc >= 0 ? 0 : -1;
 }
 
 // Maps the access table a peer's port file names, once (control path).

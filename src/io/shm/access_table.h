@@ -2,8 +2,9 @@
 // publishes its ports in shared memory (io/shm) also publishes, in a file of its own, what a peer needs to
 // check an RDMA WRITE or READ the way its responder would: its RC QPs (state, remote access flags, PD,
 // peer QPN) and its MRs (key, PD, access, range, and where the range lies in its address space). A
-// requester whose QP has nothing else outstanding then moves the data itself with process_vm_writev or
-// process_vm_readv: one copy, no packet, no work for the peer's CPU, as with a NIC. Where the MR's pages
+// requester whose QP has nothing else outstanding then moves the data itself, with a pwrite or pread on the
+// peer's /proc/<pid>/mem for a small op (peer_maps.h), else process_vm_writev or process_vm_readv: one
+// copy, no packet, no work for the peer's CPU, as with a NIC. Where the MR's pages
 // are shared (SOFTRDMA_SHARE_MR=1, mr_share.h), the entry also names their memfd, and the requester
 // copies with memcpy through its own mapping of it (peer_maps.h), or runs an ATOMIC there with the CPU's
 // atomics. Anything it cannot check, or any failure of the call, sends the request the ordinary way

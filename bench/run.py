@@ -59,6 +59,7 @@ import time
 from dataclasses import dataclass, field
 
 KIB, MIB = 1 << 10, 1 << 20
+PERFTEST_CQ_MOD = 100  # perftest's default -Q (cq_mod): one send completion per 100 posts
 SIZES = [8, 64, 4 * KIB, 64 * KIB, MIB, 8 * MIB]
 QPS = [1, 8, 64]
 UDP_MAX = 65507
@@ -418,6 +419,14 @@ class Runner:
             if "atomic" in prog:  # one round trip each, and responders run them one at a time
                 msgs = max(20, msgs // 10)
             per_qp = max(5, math.ceil(msgs / case.qps))  # perftest's least is 5
+            if case.qps > 1 and per_qp >= PERFTEST_CQ_MOD:
+                # perftest counts each send completion as cq_mod WRs (one is asked for every cq_mod posts,
+                # and for the last) and stops polling once the count reaches QPs x iterations. With
+                # iterations not a multiple of cq_mod the last completion of each QP counts more than it
+                # did, so the count can reach the total while a QP that lagged still waits for one; then
+                # perftest spins without polling, for good (8 B x 64 QPs with -n 3125: 1 run in 10 to
+                # 20). Below cq_mod, -t below makes cq_mod the iterations themselves.
+                per_qp = math.ceil(per_qp / PERFTEST_CQ_MOD) * PERFTEST_CQ_MOD
             # -N: no BW-peak report. perftest computes it (for up to 20,000 iterations) in time that grows with
             # the square of iterations x QPs: 5000 x 64 QPs took minutes after the transfer ended.
             opts += ["-q", str(case.qps), "-n", str(per_qp), "-N"]

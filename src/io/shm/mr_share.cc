@@ -88,6 +88,11 @@ bool range_is(uint64_t a, uint64_t b, F ok) {
 
 constexpr const char* kMemfdName = "softrdma-mr";
 
+uint64_t page_bytes() {
+  static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
 // Private anonymous memory, or pages an earlier move gave back: a private mapping of its emptied memfd,
 // whose pages are all private copies (move_back), so that a buffer registered again moves again.
 bool private_anonymous(const MapLine& l) {
@@ -129,8 +134,7 @@ void move_back(const Move& m, bool free_file) {
   if (mmap(p, m.len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, m.fd, 0) == MAP_FAILED)
     return;  // the pages stay shared: correct, and a fork still gives the child copies
   if (madvise(p, m.len, MADV_POPULATE_WRITE) != 0) {
-    static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-    for (uint64_t off = 0; off < m.len; off += page)
+    for (uint64_t off = 0; off < m.len; off += page_bytes())
       __atomic_fetch_add(reinterpret_cast<uint64_t*>(p + off), 0, __ATOMIC_RELAXED);
   }
   if (free_file)
@@ -178,7 +182,7 @@ bool share_mr_by_env() {
 }
 
 std::optional<SharedPages> share_pages(const void* addr, uint64_t len) {
-  static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t page = page_bytes();
   const uint64_t a = reinterpret_cast<uint64_t>(addr);
   if (len == 0 || a + len < a) return std::nullopt;
   const uint64_t start = (a + page - 1) & ~(page - 1);

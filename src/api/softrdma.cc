@@ -2,6 +2,10 @@
 // progress thread.
 #include "softrdma/softrdma.h"
 
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+
 #include "engine/progress.h"
 #include "io/netif.h"
 #include "io/stats_shm.h"
@@ -21,6 +25,22 @@ DeviceInfo to_public(const io::DeviceInfo& d) {
   out.active = d.active;
   for (const auto& g : d.gids) out.gids.push_back({g.gid, g.roce_v2});
   return out;
+}
+
+// SOFTRDMA_DIRECT_STREAM: bytes, a decimal number up to 2^31 (0: only WRs posted alone go one-sided).
+// Unset: the default. False, said on stderr, when malformed.
+bool direct_stream_min_by_env(uint32_t& out) {
+  const char* v = getenv("SOFTRDMA_DIRECT_STREAM");
+  if (v == nullptr) return true;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long n = std::strtoul(v, &end, 10);
+  if (*v < '0' || *v > '9' || end == v || *end != '\0' || errno != 0 || n > (1ul << 31)) {
+    std::fprintf(stderr, "softrdma: SOFTRDMA_DIRECT_STREAM=%s: want a number of bytes (0: off)\n", v);
+    return false;
+  }
+  out = static_cast<uint32_t>(n);
+  return true;
 }
 }  // namespace
 
@@ -56,6 +76,8 @@ Result<std::unique_ptr<Context>> Context::open(std::string_view name, const Open
     dev = io::find_device(name);
   }
   if (!dev) return std::unexpected(ENODEV);
+  uint32_t stream_min = core::ContextConfig{}.direct_stream_min;
+  if (!direct_stream_min_by_env(stream_min)) return std::unexpected(EINVAL);
   if (opt.gid_index < 0 || static_cast<size_t>(opt.gid_index) >= dev->gids.size()) return std::unexpected(EINVAL);
   auto impl = std::make_unique<Impl>();
   impl->device = to_public(*dev);
@@ -81,6 +103,7 @@ Result<std::unique_ptr<Context>> Context::open(std::string_view name, const Open
   }
   if (!impl->backend) impl->backend = std::move(*udp);
   core::ContextConfig cfg;
+  cfg.direct_stream_min = stream_min;
   cfg.device_name = dev->name;
   cfg.active_mtu = dev->active_mtu_bytes;
   cfg.standard_port = opt.standard_port;

@@ -34,6 +34,9 @@ struct ContextConfig {
   // peer's socket buffers, which overran them (go-back-N) and evicted the data from the caches before it
   // was read.
   uint32_t inflight_budget = 4u << 20;
+  // A same-host WRITE or READ of at least this many bytes takes the one-sided path even in a stream of
+  // posts (Qp::may_direct_ says when smaller ones do); 0: never. SOFTRDMA_DIRECT_STREAM sets it.
+  uint32_t direct_stream_min = 64u << 10;
   Nanos (*clock)() = nullptr;  // a fake clock for tests; CLOCK_MONOTONIC when null
   uint64_t mr_key_seed = 0;    // repeatable MR keys for tests and the fuzzer; 0: from getrandom
 };

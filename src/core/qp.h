@@ -228,9 +228,12 @@ class Qp {
   bool sharing_window_ = false;  // counted in the context's rc_sending
   void share_window(bool on);    // counts this QP in (or out of) the context's rc_sending
   // The same-host one-sided path suits an application that waits for each operation (a latency test,
-  // a request-response protocol): a post of one WR after the send CQ was polled may take it. A stream of
-  // posts goes through the rings, which overlap the two processes' copies (measured, ib_write_bw same
-  // host: 1 MiB 25.6 GB/s through the rings, 14.8 one-sided; 8 B 3.0 M/s against 0.65).
+  // a request-response protocol): a post of one WR after the send CQ was polled may take it. In a stream
+  // of posts, so do WRITEs and READs of ContextConfig::direct_stream_min bytes or more (ib_write_bw same
+  // host on this project's second VM, whose syscalls cost 1 us: 1 MiB 21-25.7 GB/s one-sided against
+  // 8.4-8.7 through the rings, 64 KiB 11.8-12.7 against 8.7; on its first VM 1 MiB went 14.8 one-sided
+  // against 25.6 through the rings); smaller ones go through the rings, which overlap the two processes'
+  // copies (16 KiB 5.8 GB/s against 4.5 one-sided, 8 B 3.5 M/s against 3.2).
   // Once an op copied through pages the peer shares (SOFTRDMA_SHARE_MR=1), a memcpy with no syscall, a
   // stream takes the path too, until an op cannot (ib_write_bw same host, 1 MiB 53 GB/s against 12-30
   // through the rings, 64 KiB 69-87 against 11-22, 8 B 2.3-6.1 M/s against 3.5-4.9).

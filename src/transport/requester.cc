@@ -140,9 +140,11 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
       // responder would make (io/shm/access_table.h). It uses no PSN and completes in order at once.
       // Anything else goes on below.
       int how = -1;
-      if ((qp.may_direct_ || qp.shared_direct_) && !w.started && !sqd && qp.req_.offset == 0 &&
+      const uint32_t stream_min = qp.ctx()->config().direct_stream_min;
+      const bool any_way = qp.may_direct_ || (stream_min != 0 && w.length >= stream_min);
+      if ((any_way || qp.shared_direct_) && !w.started && !sqd && qp.req_.offset == 0 &&
           qp.comp_.wqe == qp.req_.wqe && qp.req_.psn == qp.comp_.psn &&
-          (how = try_direct(qp, w, !qp.may_direct_)) != -2)
+          (how = try_direct(qp, w, !any_way)) != -2)
         qp.shared_direct_ = how == 1;
       if (how >= 0) {
         qp.may_direct_ = false;

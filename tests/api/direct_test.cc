@@ -1,7 +1,7 @@
 // The same-host one-sided path (io/shm/access_table.h) through the native API on sr_lo: a WRITE or READ
 // posted alone, with nothing outstanding, moves its data in the peer's memory with no packet; every check
 // the responder would make still holds (a failed one sends the request the ordinary way, whose responder
-// NAKs it); a stream of posts goes through the rings.
+// NAKs it); a stream of posts goes through the rings, but for its ops of 64 KiB or more.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -183,6 +183,58 @@ TEST_P(DirectP, AStreamOfPostsGoesThroughTheRingsUnlessThePagesAreShared) {
   EXPECT_EQ(p.direct_ops(), ops);
   EXPECT_EQ(p.shared_ops(), share ? 2u : 0u);
   EXPECT_EQ(std::memcmp(p.dst.data() + page0 - 32, p.src.data(), 64), 0);
+}
+
+// SOFTRDMA_DIRECT_STREAM for the contexts opened in its life (null: unset).
+struct StreamMin {
+  explicit StreamMin(const char* v) {
+    if (v != nullptr) setenv("SOFTRDMA_DIRECT_STREAM", v, 1);
+  }
+  ~StreamMin() { unsetenv("SOFTRDMA_DIRECT_STREAM"); }
+};
+
+// WRITEs and READs of 64 KiB or more go one-sided in a stream too (SOFTRDMA_DIRECT_STREAM sets the size;
+// 0: only ops posted alone); smaller ones in a stream go through the rings.
+TEST(Direct, LargeOpsInAStreamGoOneSided) {
+  if (!direct_path_on()) GTEST_SKIP() << "the same-host path is turned off in this environment";
+  for (const char* env : {static_cast<const char*>(nullptr), "0", "100"}) {
+    SCOPED_TRACE(env ? env : "unset");
+    StreamMin set(env);
+    Pair p;
+    for (size_t i = 0; i < p.src.size(); ++i) p.src[i] = static_cast<uint8_t>(i * 13 + 5);
+    std::fill(p.dst.begin(), p.dst.end(), 0);
+    const uint32_t big = 64 << 10;
+    const Sge sges[3] = {p.smr->sge(0, big), p.smr->sge(big, big), p.smr->sge(2 * big, 128)};  // WRs point here
+    SendWr wrs[3] = {p.op(WrOpcode::kRdmaWrite, sges[0], 0, p.dmr->rkey()),
+                     p.op(WrOpcode::kRdmaWrite, sges[1], big, p.dmr->rkey()),
+                     p.op(WrOpcode::kRdmaWrite, sges[2], 2 * big, p.dmr->rkey())};
+    const uint64_t ops = p.direct_ops(), packets = p.tx_packets();
+    ASSERT_TRUE(p.a->post_send(std::span<const SendWr>(wrs, 3)));  // three in one call: a stream
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(p.wait().status, WcStatus::kSuccess);
+    EXPECT_EQ(std::memcmp(p.dst.data(), p.src.data(), 2 * big + 128), 0);
+    const uint64_t want = env == nullptr ? 2 : std::strcmp(env, "0") == 0 ? 0 : 3;
+    EXPECT_EQ(p.direct_ops() - ops, want);
+    EXPECT_EQ(p.tx_packets() == packets, want == 3) << "the ops not done one-sided went as packets";
+    // A READ stream of two: back into the source buffer, from where the WRITEs put the bytes.
+    std::fill(p.src.begin(), p.src.begin() + 2 * big, 0);
+    SendWr reads[2] = {p.op(WrOpcode::kRdmaRead, sges[0], 0, p.dmr->rkey()),
+                       p.op(WrOpcode::kRdmaRead, sges[1], big, p.dmr->rkey())};
+    const uint64_t ops2 = p.direct_ops();
+    ASSERT_TRUE(p.a->post_send(std::span<const SendWr>(reads, 2)));
+    for (int i = 0; i < 2; ++i) EXPECT_EQ(p.wait().status, WcStatus::kSuccess);
+    EXPECT_EQ(std::memcmp(p.dst.data(), p.src.data(), 2 * big), 0);
+    EXPECT_EQ(p.direct_ops() - ops2, env != nullptr && std::strcmp(env, "0") == 0 ? 0u : 2u);
+  }
+}
+
+TEST(Direct, AMalformedStreamSizeIsRefused) {
+  for (const char* bad : {"", "64k", "-1", "99999999999", " 5"}) {
+    SCOPED_TRACE(bad);
+    StreamMin set(bad);
+    auto ctx = Context::open("sr_lo");
+    ASSERT_FALSE(ctx.has_value());
+    EXPECT_EQ(ctx.error(), EINVAL);
+  }
 }
 
 // ATOMICs go one-sided only through shared pages (with the CPU's atomics, as the responder runs them);

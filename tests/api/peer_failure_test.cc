@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -147,7 +148,11 @@ TEST(PeerFailure, KilledPeerGivesRetryExceededAndAQpEventThenReconnects) {
   Peer first;
   ASSERT_NO_FATAL_FAILURE(start_peer(first));
   Survivor s;
+  // The 1 MiB WRITEs below must be in flight when the peer dies: on the same host a stream of them would
+  // go one-sided and complete at once (SOFTRDMA_DIRECT_STREAM), so this context sends them as packets.
+  setenv("SOFTRDMA_DIRECT_STREAM", "0", 1);
   auto ctx = Context::open("sr_lo");
+  unsetenv("SOFTRDMA_DIRECT_STREAM");
   ASSERT_TRUE(ctx);
   s.ctx = std::move(*ctx);
   s.pd = *s.ctx->alloc_pd();

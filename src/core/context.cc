@@ -261,6 +261,7 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
   Counters& c = *counters_;
   Qp* touched[io::TxBatch::kMax * 2];
   uint32_t n_touched = 0;
+  bool answer_late = false;  // kKickWatch
   for (io::RxPacket& rx : pkts) {
     PacketView v(rx.data, rx.len);
     if (rx.len < wire::kBthLen) {
@@ -313,6 +314,7 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
     }
     if (request) {
       Transport::responder(*qp, v, rx, tx, now);
+      if (type == QpType::kRc) Transport::request_came(*qp);
       if (type == QpType::kRc && n_touched < std::size(touched) &&
           (n_touched == 0 || touched[n_touched - 1] != qp))
         touched[n_touched++] = qp;
@@ -321,8 +323,10 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
     } else {
       // What an ACK releases goes out before the QP's lock does: a post_send on another thread sends
       // at once, under this lock, and must not overtake it (the peer would NAK the gap and go-back-N).
+      const uint64_t completed = Transport::completed(*qp);
       Transport::completer(*qp, v, tx, now);
       tx.flush();
+      if (type == QpType::kRc && Transport::ack_came_alone(*qp, completed)) answer_late = true;
     }
     store_deadline(*qp);
   }
@@ -341,6 +345,10 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
     if (armed) kick(armed + kLateAckNs);
   }
   tx.flush();
+  if (answer_late) {
+    watch_asked_.store(true, std::memory_order_release);
+    kick(kKickWatch);
+  }
   driver_gen_.fetch_add(1, std::memory_order_acq_rel);  // even: idle
 }
 

@@ -109,6 +109,10 @@ struct CompState {
   Nanos retrans_deadline = 0;  // 0 = not armed
   Nanos rnr_deadline = 0;      // waiting after an RNR NAK
   uint32_t read_gap_psn = 0;   // comp.psn + 1 when a READ was re-requested for a gap there (0 = none)
+  // Transport::ack_came_alone: ACKs in a row that came behind a request of the peer's, and whether one
+  // came since the last ACK.
+  uint8_t acks_behind_requests = 0;
+  bool request_since_ack = false;
 };
 
 // A saved READ or ATOMIC request, for replay of duplicates (IBTA.md 5).

@@ -79,8 +79,9 @@ void Progress::kick(core::Nanos by) {
   // The sleeper publishes wake_at_ after it read the deadlines, so a timer armed after that read is
   // compared with the real end of the sleep; before, wake_at_ is 0 and every kick wakes.
   if (by == 0) watch_until_.store(ctx_->now() + kWatchAfterNotifyNs, std::memory_order_seq_cst);
+  // kKickWatch wakes it whatever its deadline: a nap must turn into a watch (Context::kKickWatch).
   if (sleeping_.load(std::memory_order_seq_cst) &&
-      (by == 0 || by < wake_at_.load(std::memory_order_seq_cst))) {
+      (by <= core::Context::kKickWatch || by < wake_at_.load(std::memory_order_seq_cst))) {
     uint64_t one = 1;
     [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof one);
   }
@@ -204,7 +205,8 @@ void Progress::run() {
       // doorbell: a syscall for the sender too), and a nap does not ask. (Same-host ib_send_lat: one
       // doorbell per 4 iterations.)
       const uint32_t seq = ctx_->app_poll_seq();
-      const bool nap = napping && seq != nap_seq && (doorbells || !packets_found_);
+      bool nap = napping && seq != nap_seq && (doorbells || !packets_found_);
+      if (nap && ctx_->take_watch_request()) nap = false;  // an answer is on its way (kKickWatch)
       nap_seq = seq;
       napping = true;
       const bool pending = !nap && ctx_->backend()->arm_wakeup();
@@ -308,7 +310,8 @@ void Progress::run() {
     // posts, finds its completion at once, and spins on memory for the peer's WRITE, which waited for
     // each nap to end (133 us per iteration with naps of 200 us, and a tick with naps to the tick).
     const uint32_t calls_now = ctx_->app_poll_seq();
-    const bool nap = !doorbells && !events_awaited() && calls_now != sleep_calls;
+    bool nap = !doorbells && !events_awaited() && calls_now != sleep_calls;
+    if (nap && ctx_->take_watch_request()) nap = false;
     sleep_calls = calls_now;
     if (nap)
       sleep_ns = std::min(sleep_ns, kNapNs);

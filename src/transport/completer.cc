@@ -258,6 +258,20 @@ void Transport::completer(Qp& qp, PacketView pkt, io::TxBatch& tx, Nanos now) {
   }
 }
 
+bool Transport::ack_came_alone(Qp& qp, uint64_t completed_before) {
+  CompState& c = qp.comp_;
+  if (c.wqe == completed_before) return false;
+  const bool behind = c.request_since_ack;
+  c.request_since_ack = false;
+  if (behind) {
+    if (c.acks_behind_requests < kPingPongAcks) ++c.acks_behind_requests;
+    return false;
+  }
+  const bool ping_pong = c.acks_behind_requests >= kPingPongAcks;
+  c.acks_behind_requests = 0;
+  return ping_pong;
+}
+
 Nanos Transport::timers(Qp& qp, io::TxBatch& tx, Nanos now) {
   CompState& comp = qp.comp_;
   if (qp.resp_.ack_deadline && now >= qp.resp_.ack_deadline) {

@@ -38,6 +38,14 @@ class Transport {
   static constexpr uint32_t kAckBackoff = 64;
   // completer.cc (a response packet for this QP)
   static void completer(Qp& qp, wire::PacketView pkt, io::TxBatch& tx, Nanos now);
+  // For Context::rx_burst, on an RC QP: a request of the peer's came; an ACK came (completed_before:
+  // completed() before it). True when that ACK completed WQEs and no request came before it, on a QP
+  // whose last kPingPongAcks such ACKs each came behind one (a ping-pong whose peer defers its ACKs to
+  // its answers, end_burst): the peer's answer comes after this ACK (Context::kKickWatch).
+  static void request_came(Qp& qp) { qp.comp_.request_since_ack = true; }
+  static uint64_t completed(const Qp& qp) { return qp.comp_.wqe; }
+  static bool ack_came_alone(Qp& qp, uint64_t completed_before);
+  static constexpr uint8_t kPingPongAcks = 8;
   // Expired timers; returns the QP's next deadline (0 = none).
   static Nanos timers(Qp& qp, io::TxBatch& tx, Nanos now);
   // qp_state.cc

@@ -2,6 +2,8 @@
 // under drop, duplication, reordering and corruption.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "transport/harness.h"
 #include "transport/transport.h"
 #include <arpa/inet.h>
@@ -358,6 +360,65 @@ TEST(Rc, AckOfAQpThatSendsGoesAfterItsNextRequest) {
   b_receives();
   EXPECT_EQ(ops, (Ops{write, ack})) << "after two deadlines in a row, at once";
 
+  EXPECT_EQ(h.a.counters.get(Counter::retransmits), 0u);
+}
+
+// A ping-pong whose ACKs come behind the peer's answers (end_burst defers them): an ACK that comes alone
+// means the answer comes after it, maybe when the application has stopped polling, so the receiving
+// context asks its progress thread to watch the sockets (Context::kKickWatch). A stream's ACKs, which
+// never come behind requests, do not.
+TEST(Rc, AnAckThatComesWithoutTheAnswerAsksForAWatch) {
+  Harness h;
+  std::vector<Nanos> kicks;
+  auto receives = [&](Node& n, int line) {
+    h.net_.deliver();
+    io::RxPacket pkts[8];
+    const uint32_t k = n.be->rx_burst(pkts, 8);
+    ASSERT_GE(k, 1u) << "line " << line;
+    n.ctx->rx_burst(std::span(pkts, k), n.tx, g_now);
+  };
+  auto watch_kicks = [&] {
+    return std::count(kicks.begin(), kicks.end(), core::Context::kKickWatch);
+  };
+  std::vector<Wc> wcs;
+  // A stream: a's WRITEs, each ACKed at once by b (which never sent).
+  for (uint32_t i = 0; i < 12; ++i)
+    ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 8 * i, 8, i).remote(h.b, 8 * i)), 0);
+  h.a.ctx->set_kick([](void* v, Nanos by) { static_cast<std::vector<Nanos>*>(v)->push_back(by); }, &kicks);
+  ASSERT_TRUE(h.wait(h.a, h.a.scq, 12, &wcs));
+  EXPECT_EQ(watch_kicks(), 0);
+
+  // A ping-pong: each side's WRITE carries the ACK of the other's last one behind it.
+  ASSERT_EQ(h.post_send(h.b, Wr(h.b, WrOpcode::kRdmaWrite, 0, 8, 100).remote(h.a, 0)), 0);
+  receives(h.a, __LINE__);  // a has sent: it defers its ACK to its answer
+  for (uint32_t i = 0; i < core::Transport::kPingPongAcks + 2; ++i) {
+    ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 8, 8, 200 + i).remote(h.b, 8)), 0);
+    receives(h.b, __LINE__);  // a's WRITE and the ACK of b's
+    ASSERT_EQ(h.post_send(h.b, Wr(h.b, WrOpcode::kRdmaWrite, 16, 8, 300 + i).remote(h.a, 16)), 0);
+    receives(h.a, __LINE__);  // b's WRITE, then the ACK of a's
+  }
+  EXPECT_EQ(h.a.poll(h.a.scq).size(), core::Transport::kPingPongAcks + 2);
+  EXPECT_EQ(watch_kicks(), 0);
+  EXPECT_FALSE(h.a.ctx->take_watch_request());
+
+  // b's answer is late: its ACK goes alone at the deadline, and a, which receives it, asks for a watch.
+  ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 8, 8, 400).remote(h.b, 8)), 0);
+  receives(h.b, __LINE__);
+  h.b.ctx->tick(h.b.tx, g_now + core::Transport::kAckDeferNs);
+  receives(h.a, __LINE__);
+  EXPECT_EQ(h.a.poll(h.a.scq).size(), 1u);
+  EXPECT_EQ(watch_kicks(), 1);
+  EXPECT_TRUE(h.a.ctx->take_watch_request());
+  EXPECT_FALSE(h.a.ctx->take_watch_request()) << "once";
+  // The ping-pong must build up again before another alone ACK asks.
+  ASSERT_EQ(h.post_send(h.b, Wr(h.b, WrOpcode::kRdmaWrite, 16, 8, 500).remote(h.a, 16)), 0);
+  receives(h.a, __LINE__);
+  ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 8, 8, 600).remote(h.b, 8)), 0);
+  receives(h.b, __LINE__);
+  h.b.ctx->tick(h.b.tx, g_now + core::Transport::kAckDeferNs);
+  receives(h.a, __LINE__);
+  EXPECT_EQ(watch_kicks(), 1);
+  h.a.ctx->set_kick(nullptr, nullptr);
   EXPECT_EQ(h.a.counters.get(Counter::retransmits), 0u);
 }
 

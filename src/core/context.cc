@@ -345,7 +345,9 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
     if (armed) kick(armed + kLateAckNs);
   }
   tx.flush();
-  if (answer_late) {
+  // At most one ask per kWatchAskGapNs: the watch it starts lasts about that long (engine/progress.cc).
+  if (answer_late && now - watch_asked_at_.load(std::memory_order_relaxed) >= kWatchAskGapNs) {
+    watch_asked_at_.store(now, std::memory_order_relaxed);
     watch_asked_.store(true, std::memory_order_release);
     kick(kKickWatch);
   }

@@ -161,6 +161,7 @@ class Context {
   // tick, and the answer waited for it: 3-4 ms, 1 to 4 times per 5,000 iterations of 8-byte socket-path
   // ib_write_lat, which took its average from 6.5 to 8-12 us.
   static constexpr Nanos kKickWatch = 1;
+  static constexpr Nanos kWatchAskGapNs = 1'000'000;
   bool take_watch_request() { return watch_asked_.exchange(false, std::memory_order_acq_rel); }
   void set_kick(void (*fn)(void*, Nanos), void* arg) {
     kick_fn_ = fn;
@@ -201,6 +202,7 @@ class Context {
   std::atomic<bool> driving_{false};    // one receiver at a time (io backends allow one rx caller)
   std::atomic<bool> rescan_{false};     // hand_over: the driver reads the sockets once more
   std::atomic<bool> watch_asked_{false};  // kKickWatch
+  std::atomic<Nanos> watch_asked_at_{0};
   std::atomic<uint32_t> rc_sending_{0};
   std::atomic<uint32_t> next_pd_id_{0};
   std::atomic<Nanos> app_drive_ns_{0};  // when an application thread was last seen busy-polling

@@ -106,6 +106,7 @@ int Qp::post_send(std::span<const SendWr> wrs, size_t* bad) {
     *bad = 0;
     return EINVAL;
   }
+  comp_.request_since_post = false;  // Transport::ack_came_alone
   for (size_t i = 0; i < wrs.size(); ++i) {
     const SendWr& wr = wrs[i];
     *bad = i;

@@ -109,10 +109,11 @@ struct CompState {
   Nanos retrans_deadline = 0;  // 0 = not armed
   Nanos rnr_deadline = 0;      // waiting after an RNR NAK
   uint32_t read_gap_psn = 0;   // comp.psn + 1 when a READ was re-requested for a gap there (0 = none)
-  // Transport::ack_came_alone: ACKs in a row that came behind a request of the peer's, and whether one
-  // came since the last ACK.
+  // Transport::ack_came_alone: ACKs that came behind a request of the peer's (up to kPingPongAcks), ACKs
+  // in a row that came alone since, and whether a request came since the last post.
   uint8_t acks_behind_requests = 0;
-  bool request_since_ack = false;
+  uint16_t acks_alone = 0;
+  bool request_since_post = false;
 };
 
 // A saved READ or ATOMIC request, for replay of duplicates (IBTA.md 5).

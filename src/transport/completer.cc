@@ -261,15 +261,19 @@ void Transport::completer(Qp& qp, PacketView pkt, io::TxBatch& tx, Nanos now) {
 bool Transport::ack_came_alone(Qp& qp, uint64_t completed_before) {
   CompState& c = qp.comp_;
   if (c.wqe == completed_before) return false;
-  const bool behind = c.request_since_ack;
-  c.request_since_ack = false;
-  if (behind) {
+  if (c.request_since_post) {
+    c.request_since_post = false;
     if (c.acks_behind_requests < kPingPongAcks) ++c.acks_behind_requests;
+    c.acks_alone = 0;
     return false;
   }
-  const bool ping_pong = c.acks_behind_requests >= kPingPongAcks;
-  c.acks_behind_requests = 0;
-  return ping_pong;
+  if (c.acks_behind_requests < kPingPongAcks) return false;
+  if (++c.acks_alone >= kAloneAcks) {  // no longer a ping-pong
+    c.acks_behind_requests = 0;
+    c.acks_alone = 0;
+    return false;
+  }
+  return true;
 }
 
 Nanos Transport::timers(Qp& qp, io::TxBatch& tx, Nanos now) {

@@ -39,13 +39,16 @@ class Transport {
   // completer.cc (a response packet for this QP)
   static void completer(Qp& qp, wire::PacketView pkt, io::TxBatch& tx, Nanos now);
   // For Context::rx_burst, on an RC QP: a request of the peer's came; an ACK came (completed_before:
-  // completed() before it). True when that ACK completed WQEs and no request came before it, on a QP
-  // whose last kPingPongAcks such ACKs each came behind one (a ping-pong whose peer defers its ACKs to
-  // its answers, end_burst): the peer's answer comes after this ACK (Context::kKickWatch).
-  static void request_came(Qp& qp) { qp.comp_.request_since_ack = true; }
+  // completed() before it). True when that ACK completed WQEs and no request came between the QP's last
+  // post and it, on a QP of a ping-pong: kPingPongAcks such ACKs came behind one (a peer that defers its
+  // ACKs to its answers, end_burst), and fewer than kAloneAcks alone since. The peer's answer comes
+  // after this ACK (Context::kKickWatch): its ACK went by the deadline, or it acknowledges at once for a
+  // while after two did (kAckBackoff).
+  static void request_came(Qp& qp) { qp.comp_.request_since_post = true; }
   static uint64_t completed(const Qp& qp) { return qp.comp_.wqe; }
   static bool ack_came_alone(Qp& qp, uint64_t completed_before);
   static constexpr uint8_t kPingPongAcks = 8;
+  static constexpr uint16_t kAloneAcks = 256;
   // Expired timers; returns the QP's next deadline (0 = none).
   static Nanos timers(Qp& qp, io::TxBatch& tx, Nanos now);
   // qp_state.cc

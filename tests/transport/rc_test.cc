@@ -410,14 +410,22 @@ TEST(Rc, AnAckThatComesWithoutTheAnswerAsksForAWatch) {
   EXPECT_EQ(watch_kicks(), 1);
   EXPECT_TRUE(h.a.ctx->take_watch_request());
   EXPECT_FALSE(h.a.ctx->take_watch_request()) << "once";
-  // The ping-pong must build up again before another alone ACK asks.
-  ASSERT_EQ(h.post_send(h.b, Wr(h.b, WrOpcode::kRdmaWrite, 16, 8, 500).remote(h.a, 16)), 0);
-  receives(h.a, __LINE__);
-  ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 8, 8, 600).remote(h.b, 8)), 0);
-  receives(h.b, __LINE__);
-  h.b.ctx->tick(h.b.tx, g_now + core::Transport::kAckDeferNs);
-  receives(h.a, __LINE__);
+  // b answers, and its next ACK comes alone again: within the same millisecond no second ask (the watch
+  // that the first started lasts about that long); a millisecond later, one.
+  auto answer_then_late_ack = [&](uint64_t id) {
+    ASSERT_EQ(h.post_send(h.b, Wr(h.b, WrOpcode::kRdmaWrite, 16, 8, id).remote(h.a, 16)), 0);
+    receives(h.a, __LINE__);  // b's answer (a defers its ACK)
+    ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 8, 8, id + 1).remote(h.b, 8)), 0);
+    receives(h.b, __LINE__);
+    h.b.ctx->tick(h.b.tx, g_now + core::Transport::kAckDeferNs);
+    receives(h.a, __LINE__);  // b's ACK, alone
+  };
+  answer_then_late_ack(500);
   EXPECT_EQ(watch_kicks(), 1);
+  g_now += core::Context::kWatchAskGapNs;
+  answer_then_late_ack(600);
+  EXPECT_EQ(watch_kicks(), 2);
+  EXPECT_TRUE(h.a.ctx->take_watch_request());
   h.a.ctx->set_kick(nullptr, nullptr);
   EXPECT_EQ(h.a.counters.get(Counter::retransmits), 0u);
 }

@@ -262,6 +262,8 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
   Qp* touched[io::TxBatch::kMax * 2];
   uint32_t n_touched = 0;
   bool answer_late = false;  // kKickWatch
+  Qp* held[io::TxBatch::kMax * 2];  // Transport::hold_tx until the flush at the end
+  uint32_t n_held = 0;
   for (io::RxPacket& rx : pkts) {
     PacketView v(rx.data, rx.len);
     if (rx.len < wire::kBthLen) {
@@ -321,11 +323,25 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
       else if (type == QpType::kRc && n_touched == std::size(touched))
         Transport::flush_ack(*qp, tx);
     } else {
-      // What an ACK releases goes out before the QP's lock does: a post_send on another thread sends
-      // at once, under this lock, and must not overtake it (the peer would NAK the gap and go-back-N).
+      // What ACKs release goes out at the end of the burst, the packets of many QPs in one send call
+      // (flushed after each ACK, 64 QPs x 1 MiB over UDP made 12 packets per sendmmsg against 1 QP's 23;
+      // 6 interleaved rounds, 64 KiB ib_write_bw: 64 QPs 3,129 -> 3,560 MiB/s, 1 QP 3,369 -> 3,739).
+      // Until then the QP is held: a post_send on another thread, which would send at once under this
+      // lock, waits instead (Transport::hold_tx), so that it cannot overtake these packets (the peer
+      // would NAK the gap and go-back-N).
       const uint64_t completed = Transport::completed(*qp);
       Transport::completer(*qp, v, tx, now);
-      tx.flush();
+      // (The burst's last packet has nothing after it to share the send call with: sent at once.)
+      if (tx.n != 0 && type == QpType::kRc && &rx != &pkts.back()) {
+        if (n_held == std::size(held)) {
+          tx.flush();  // no room to remember it: as before (the held ones stay held until the end)
+        } else if (n_held == 0 || held[n_held - 1] != qp) {
+          Transport::hold_tx(*qp, true);
+          held[n_held++] = qp;
+        }
+      } else {
+        tx.flush();
+      }
       if (type == QpType::kRc && Transport::ack_came_alone(*qp, completed)) answer_late = true;
     }
     store_deadline(*qp);
@@ -345,6 +361,10 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
     if (armed) kick(armed + kLateAckNs);
   }
   tx.flush();
+  for (uint32_t i = 0; i < n_held; ++i) {
+    std::lock_guard g(held[i]->lock());
+    Transport::hold_tx(*held[i], false);
+  }
   // At most one ask per kWatchAskGapNs: the watch it starts lasts about that long (engine/progress.cc).
   if (answer_late && now - watch_asked_at_.load(std::memory_order_relaxed) >= kWatchAskGapNs) {
     watch_asked_at_.store(now, std::memory_order_relaxed);

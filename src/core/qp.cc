@@ -184,7 +184,8 @@ int Qp::post_send(std::span<const SendWr> wrs, size_t* bad) {
   send_cq_polls_ = polls;
   posts_since_poll_ = polled ? 1 : posts_since_poll_ + 1;
   const bool rc = type() == QpType::kRc;
-  if (rc ? wire::psn_diff(req_.psn, comp_.psn) >= kCorkInFlight : posts_since_poll_ > kCorkPostsInARow) {
+  if (rc ? tx_held_ || wire::psn_diff(req_.psn, comp_.psn) >= kCorkInFlight
+         : posts_since_poll_ > kCorkPostsInARow) {
     if (!corked_) {
       corked_ = true;
       ctx_->corked(qpn_);

@@ -363,6 +363,38 @@ TEST(Rc, AckOfAQpThatSendsGoesAfterItsNextRequest) {
   EXPECT_EQ(h.a.counters.get(Counter::retransmits), 0u);
 }
 
+// While a driver's batch may hold packets that an ACK released (Context::rx_burst sends them at the end of
+// its burst), a post on the same QP must not send its own first: it waits, and goes out later, in order.
+TEST(Rc, APostBehindHeldPacketsWaits) {
+  Harness h;
+  std::vector<uint8_t> ops;
+  h.net_.drop_if = [&](uint64_t, std::span<const uint8_t> f) {
+    ops.push_back(f[0]);
+    return false;
+  };
+  fill(h.a.buf, 0, 64, 7);
+  {
+    std::lock_guard g(h.a.qp->lock());
+    core::Transport::hold_tx(*h.a.qp, true);
+  }
+  ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 0, 8, 1).remote(h.b, 0)), 0);
+  EXPECT_TRUE(ops.empty()) << "sent while held";
+  {
+    std::lock_guard g(h.a.qp->lock());
+    core::Transport::hold_tx(*h.a.qp, false);
+  }
+  std::vector<Wc> wcs;
+  ASSERT_TRUE(h.wait(h.a, h.a.scq, 1, &wcs));  // the poster's next poll sends it
+  EXPECT_EQ(wcs[0].status, WcStatus::kSuccess);
+  EXPECT_TRUE(same(h.a, 0, h.b, 0, 8));
+  EXPECT_EQ(ops.size(), 2u);  // the WRITE and its ACK
+  // Not held: a post sends at once.
+  ops.clear();
+  ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 8, 8, 2).remote(h.b, 8)), 0);
+  EXPECT_EQ(ops.size(), 1u);
+  ASSERT_TRUE(h.wait(h.a, h.a.scq, 1, &wcs));
+}
+
 // A ping-pong whose ACKs come behind the peer's answers (end_burst defers them): an ACK that comes alone
 // means the answer comes after it, maybe when the application has stopped polling, so the receiving
 // context asks its progress thread to watch the sockets (Context::kKickWatch). A stream's ACKs, which

@@ -205,8 +205,9 @@ void Progress::run() {
       // doorbell: a syscall for the sender too), and a nap does not ask. (Same-host ib_send_lat: one
       // doorbell per 4 iterations.)
       const uint32_t seq = ctx_->app_poll_seq();
-      bool nap = napping && seq != nap_seq && (doorbells || !packets_found_);
-      if (nap && ctx_->take_watch_request()) nap = false;  // an answer is on its way (kKickWatch)
+      // (A watch request is taken only when it turns a nap into a watch: an answer is on its way.)
+      const bool nap =
+          napping && seq != nap_seq && (doorbells || !packets_found_) && !ctx_->take_watch_request();
       nap_seq = seq;
       napping = true;
       const bool pending = !nap && ctx_->backend()->arm_wakeup();
@@ -310,8 +311,8 @@ void Progress::run() {
     // posts, finds its completion at once, and spins on memory for the peer's WRITE, which waited for
     // each nap to end (133 us per iteration with naps of 200 us, and a tick with naps to the tick).
     const uint32_t calls_now = ctx_->app_poll_seq();
-    bool nap = !doorbells && !events_awaited() && calls_now != sleep_calls;
-    if (nap && ctx_->take_watch_request()) nap = false;
+    const bool nap =
+        !doorbells && !events_awaited() && calls_now != sleep_calls && !ctx_->take_watch_request();
     sleep_calls = calls_now;
     if (nap)
       sleep_ns = std::min(sleep_ns, kNapNs);

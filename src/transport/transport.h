@@ -48,12 +48,12 @@ class Transport {
   static uint64_t completed(const Qp& qp) { return qp.comp_.wqe; }
   static bool ack_came_alone(Qp& qp, uint64_t completed_before);
   static constexpr uint8_t kPingPongAcks = 8;
+  static constexpr uint16_t kAloneAcks = 256;
   // Context::rx_burst leaves what ACKs released in its batch until the end of the burst (one send call
   // for the packets of many QPs); until then a post on another thread must not send this QP's later
   // packets ahead of them (the peer would NAK the gap), so it waits as behind packets in flight
   // (Qp::post_send). Under the QP's lock.
   static void hold_tx(Qp& qp, bool on) { qp.tx_held_ = on; }
-  static constexpr uint16_t kAloneAcks = 256;
   // Expired timers; returns the QP's next deadline (0 = none).
   static Nanos timers(Qp& qp, io::TxBatch& tx, Nanos now);
   // qp_state.cc

@@ -12,6 +12,7 @@
 
 #include "softrdma/connect.h"
 #include "softrdma/softrdma.h"
+#include "util/env.h"
 #include "util/maps.h"
 #include "util/wr.h"
 
@@ -25,12 +26,7 @@ bool direct_path_on() {
 }
 
 // SOFTRDMA_SHARE_MR=1 for the contexts opened in its life (read when a context opens).
-struct ShareMr {
-  explicit ShareMr(bool on) {
-    if (on) setenv("SOFTRDMA_SHARE_MR", "1", 1);
-  }
-  ~ShareMr() { unsetenv("SOFTRDMA_SHARE_MR"); }
-};
+testutil::ScopedEnv share_mr(bool on) { return {"SOFTRDMA_SHARE_MR", on ? "1" : nullptr}; }
 
 // How far from `p` its next page begins (0 if `p` is page-aligned).
 uint64_t first_page_of(const uint8_t* p) {
@@ -98,7 +94,7 @@ INSTANTIATE_TEST_SUITE_P(Direct, DirectP, ::testing::Bool(),
 TEST_P(DirectP, WriteAndReadMoveTheDataWithoutPackets) {
   if (!direct_path_on()) GTEST_SKIP() << "the same-host path is turned off in this environment";
   const bool share = GetParam();
-  ShareMr env(share);
+  auto env = share_mr(share);
   Pair p;
   EXPECT_EQ(testutil::maps_perms(p.dst.data() + p.first_page()), share ? "rw-s" : "rw-p");
   EXPECT_EQ(testutil::maps_perms(p.src.data() + 8192), "rw-p") << "an MR without remote access was moved";
@@ -161,7 +157,7 @@ TEST_P(DirectP, WriteAndReadMoveTheDataWithoutPackets) {
 TEST_P(DirectP, AStreamOfPostsGoesThroughTheRingsUnlessThePagesAreShared) {
   if (!direct_path_on()) GTEST_SKIP() << "the same-host path is turned off in this environment";
   const bool share = GetParam();
-  ShareMr env(share);
+  auto env = share_mr(share);
   Pair p;
   uint64_t ops = p.direct_ops();
   const uint64_t page0 = p.first_page();
@@ -185,21 +181,13 @@ TEST_P(DirectP, AStreamOfPostsGoesThroughTheRingsUnlessThePagesAreShared) {
   EXPECT_EQ(std::memcmp(p.dst.data() + page0 - 32, p.src.data(), 64), 0);
 }
 
-// SOFTRDMA_DIRECT_STREAM for the contexts opened in its life (null: unset).
-struct StreamMin {
-  explicit StreamMin(const char* v) {
-    if (v != nullptr) setenv("SOFTRDMA_DIRECT_STREAM", v, 1);
-  }
-  ~StreamMin() { unsetenv("SOFTRDMA_DIRECT_STREAM"); }
-};
-
 // WRITEs and READs of 64 KiB or more go one-sided in a stream too (SOFTRDMA_DIRECT_STREAM sets the size;
 // 0: only ops posted alone); smaller ones in a stream go through the rings.
 TEST(Direct, LargeOpsInAStreamGoOneSided) {
   if (!direct_path_on()) GTEST_SKIP() << "the same-host path is turned off in this environment";
   for (const char* env : {static_cast<const char*>(nullptr), "0", "100"}) {
     SCOPED_TRACE(env ? env : "unset");
-    StreamMin set(env);
+    testutil::ScopedEnv set("SOFTRDMA_DIRECT_STREAM", env);
     Pair p;
     for (size_t i = 0; i < p.src.size(); ++i) p.src[i] = static_cast<uint8_t>(i * 13 + 5);
     std::fill(p.dst.begin(), p.dst.end(), 0);
@@ -230,7 +218,7 @@ TEST(Direct, LargeOpsInAStreamGoOneSided) {
 TEST(Direct, AMalformedStreamSizeIsRefused) {
   for (const char* bad : {"", "64k", "-1", "99999999999", " 5"}) {
     SCOPED_TRACE(bad);
-    StreamMin set(bad);
+    testutil::ScopedEnv set("SOFTRDMA_DIRECT_STREAM", bad);
     auto ctx = Context::open("sr_lo");
     ASSERT_FALSE(ctx.has_value());
     EXPECT_EQ(ctx.error(), EINVAL);
@@ -242,7 +230,7 @@ TEST(Direct, AMalformedStreamSizeIsRefused) {
 TEST_P(DirectP, AtomicsGoOneSidedThroughSharedPagesOnly) {
   if (!direct_path_on()) GTEST_SKIP() << "the same-host path is turned off in this environment";
   const bool share = GetParam();
-  ShareMr env(share);
+  auto env = share_mr(share);
   const uint32_t all = kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic;
   Pair p(all, all);
   const uint64_t off = p.first_page() + 64;
@@ -284,7 +272,7 @@ TEST_P(DirectP, AtomicsGoOneSidedThroughSharedPagesOnly) {
 // remote access error), and the destination is untouched.
 TEST_P(DirectP, EveryResponderCheckStillHolds) {
   if (!direct_path_on()) GTEST_SKIP() << "the same-host path is turned off in this environment";
-  ShareMr env(GetParam());
+  auto env = share_mr(GetParam());
   struct Case {
     const char* what;
     uint32_t b_access, dmr_access;

@@ -9,12 +9,12 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "softrdma/connect.h"
 #include "softrdma/softrdma.h"
+#include "util/env.h"
 #include "util/socket_path.h"
 #include "util/wr.h"
 #include "util/sanitizer.h"
@@ -150,9 +150,10 @@ TEST(PeerFailure, KilledPeerGivesRetryExceededAndAQpEventThenReconnects) {
   Survivor s;
   // The 1 MiB WRITEs below must be in flight when the peer dies: on the same host a stream of them would
   // go one-sided and complete at once (SOFTRDMA_DIRECT_STREAM), so this context sends them as packets.
-  setenv("SOFTRDMA_DIRECT_STREAM", "0", 1);
-  auto ctx = Context::open("sr_lo");
-  unsetenv("SOFTRDMA_DIRECT_STREAM");
+  auto ctx = [] {
+    testutil::ScopedEnv streams_on_rings("SOFTRDMA_DIRECT_STREAM", "0");
+    return Context::open("sr_lo");
+  }();
   ASSERT_TRUE(ctx);
   s.ctx = std::move(*ctx);
   s.pd = *s.ctx->alloc_pd();

@@ -256,6 +256,11 @@ void Context::store_deadline(Qp& qp) {
   deadline_armed(d);
 }
 
+namespace {
+// This thread drives from a poll of the application's (drive_from_app), not as the progress thread.
+thread_local bool tls_app_drive = false;
+}  // namespace
+
 void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now) {
   driver_gen_.fetch_add(1, std::memory_order_seq_cst);  // odd: busy
   Counters& c = *counters_;
@@ -316,7 +321,10 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
     }
     if (request) {
       Transport::responder(*qp, v, rx, tx, now);
-      if (type == QpType::kRc) Transport::request_came(*qp);
+      if (type == QpType::kRc) {
+        Transport::request_came(*qp);
+        qp->init().send_cq->release_hold();  // the answer came (kAnswerHoldNs)
+      }
       if (type == QpType::kRc && n_touched < std::size(touched) &&
           (n_touched == 0 || touched[n_touched - 1] != qp))
         touched[n_touched++] = qp;
@@ -342,7 +350,17 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
       } else {
         tx.flush();
       }
-      if (type == QpType::kRc && Transport::ack_came_alone(*qp, completed)) answer_late = true;
+      if (type == QpType::kRc && Transport::ack_came_alone(*qp, completed)) {
+        // The answer comes after this ACK (kAnswerHoldNs): a polling application keeps polling for it.
+        // The progress thread is asked to watch for it at once only when it received the ACK itself (the
+        // application may be spinning on memory already), or when no poll can be held (events).
+        Cq* scq = qp->init().send_cq;
+        if (!scq->channel()) {
+          scq->hold(now + kAnswerHoldNs);
+          c.add(Counter::answer_holds);
+        }
+        if (scq->channel() || !tls_app_drive) answer_late = true;
+      }
     }
     store_deadline(*qp);
   }
@@ -365,12 +383,7 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
     std::lock_guard g(held[i]->lock());
     Transport::hold_tx(*held[i], false);
   }
-  // At most one ask per kWatchAskGapNs: the watch it starts lasts about that long (engine/progress.cc).
-  if (answer_late && now - watch_asked_at_.load(std::memory_order_relaxed) >= kWatchAskGapNs) {
-    watch_asked_at_.store(now, std::memory_order_relaxed);
-    watch_asked_.store(true, std::memory_order_release);
-    kick(kKickWatch);
-  }
+  if (answer_late) ask_watch(now);
   driver_gen_.fetch_add(1, std::memory_order_acq_rel);  // even: idle
 }
 
@@ -494,7 +507,9 @@ bool Context::drive_from_app() {
   }
   // Posts this thread left queued go in this drive (send_corked); UC/UD ones complete as they go.
   const bool corked = tls_corked.n != 0 && tls_corked.ctx == this;
+  tls_app_drive = true;
   const int got = drive(tx, t, false);
+  tls_app_drive = false;
   // Another thread has been driving through many polls: the progress thread, preempted on this CPU while
   // it held the receive path (a woken progress thread runs briefly; if the scheduler's tick falls then,
   // this thread spun without progress until the next tick, 4 ms). Yield so that it can finish.
@@ -518,6 +533,14 @@ bool Context::drive_from_app() {
     sched_yield();
   }
   return got > 0 || (corked && got == 0);
+}
+
+void Context::ask_watch(Nanos now) {
+  // At most one ask per kWatchAskGapNs: the watch it starts lasts about that long (engine/progress.cc).
+  if (now - watch_asked_at_.load(std::memory_order_relaxed) < kWatchAskGapNs) return;
+  watch_asked_at_.store(now, std::memory_order_relaxed);
+  watch_asked_.store(true, std::memory_order_release);
+  kick(kKickWatch);
 }
 
 void Context::kick(Nanos by) {

@@ -57,6 +57,8 @@ namespace softrdma {
   X(direct_mem_file_ops, "of those, small ones through the peer's /proc/<pid>/mem")  \
   X(acks_deferred, "RC ACKs deferred to the QP's next post (at most 20 us)")           \
   X(acks_deferred_late, "deferred ACKs that went by their deadline, no post in time") \
+  X(answer_holds, "send completions held from polls for the peer's answer (a ping-pong's ACK came alone)") \
+  X(answer_holds_late, "of those, released with no answer in time") \
   X(progress_sleeps, "progress-thread sleeps (each ends in a wake-up)")               \
   X(progress_naps, "of those, naps beside a polling application (sockets not watched)")
 

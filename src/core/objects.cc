@@ -160,15 +160,32 @@ bool Cq::push(const Wc& wc, bool solicited) {
 
 int Cq::poll(std::span<Wc> out) {
   polls_.store(polls_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  if (hold_until_.load(std::memory_order_relaxed) != 0 && !out.empty() && held()) return 0;
   uint32_t n = take(out);
   // An empty CQ: the caller is likely busy-polling, so let it run the receive path itself.
   if (n != 0) {
     ctx_->note_app_call();  // an empty poll counts in app_poll_seq (drive_from_app)
     ctx_->app_polled_something();
   } else if (!out.empty() && ctx_->drive_from_app()) {
+    if (hold_until_.load(std::memory_order_relaxed) != 0 && held()) return 0;  // this drive set it
     n = take(out);
   }
   return static_cast<int>(n);
+}
+
+// A poll while the completions are held: it receives (the answer may come now). Still held: true. The
+// hold ends when the answer came, or when the time is up, and then the progress thread is asked to watch
+// for the answer, which this thread, once it has the completion, may no longer poll for.
+bool Cq::held() {
+  ctx_->drive_from_app();
+  Nanos until = hold_until_.load(std::memory_order_acquire);
+  if (until == 0) return false;
+  const Nanos now = ctx_->now();
+  if (now < until) return true;
+  if (hold_until_.compare_exchange_strong(until, 0, std::memory_order_relaxed))
+    ctx_->counters().add(Counter::answer_holds_late);
+  ctx_->ask_watch(now);
+  return false;
 }
 
 uint32_t Cq::take(std::span<Wc> out) {

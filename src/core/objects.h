@@ -156,10 +156,19 @@ class Cq {
   uint32_t events_completed = 0;   // ibv_ack_cq_events bookkeeping
   // Calls of poll() so far (a hint: concurrent pollers may lose each other's counts).
   uint32_t polls() const { return polls_.load(std::memory_order_relaxed); }
+  // Holds every completion back from polls until `until`, or until release_hold (Context::kAnswerHoldNs:
+  // the ACK of a ping-pong came without the peer's answer). A held poll receives, so the answer it waits
+  // for lands meanwhile. Completions still go to the CQ as they come; only polls wait.
+  void hold(Nanos until) { hold_until_.store(until, std::memory_order_relaxed); }
+  void release_hold() {
+    if (hold_until_.load(std::memory_order_relaxed) != 0) hold_until_.store(0, std::memory_order_release);
+  }
 
  private:
   uint32_t take(std::span<Wc> out);
+  bool held();
   std::atomic<uint32_t> polls_{0};
+  std::atomic<Nanos> hold_until_{0};
 
   Context* ctx_;
   CompChannel* channel_;

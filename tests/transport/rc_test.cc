@@ -399,16 +399,33 @@ TEST(Rc, APostBehindHeldPacketsWaits) {
 // means the answer comes after it, maybe when the application has stopped polling, so the receiving
 // context asks its progress thread to watch the sockets (Context::kKickWatch). A stream's ACKs, which
 // never come behind requests, do not.
+// Receives at n what the network holds for it, as the progress thread would (not from a poll).
+void receives(Harness& h, Node& n, int line) {
+  h.net_.deliver();
+  io::RxPacket pkts[8];
+  const uint32_t k = n.be->rx_burst(pkts, 8);
+  ASSERT_GE(k, 1u) << "line " << line;
+  n.ctx->rx_burst(std::span(pkts, k), n.tx, g_now);
+}
+
+// a and b in a ping-pong of WRITEs, each carrying the ACK of the other's last one behind it, for enough
+// rounds that each side takes the other's ACKs as those of a ping-pong (Transport::ack_came_alone); a's
+// completions polled. a last sent, b last answered.
+void ping_pong(Harness& h) {
+  ASSERT_EQ(h.post_send(h.b, Wr(h.b, WrOpcode::kRdmaWrite, 0, 8, 100).remote(h.a, 0)), 0);
+  receives(h, h.a, __LINE__);  // a has sent: it defers its ACK to its answer
+  for (uint32_t i = 0; i < core::Transport::kPingPongAcks + 2; ++i) {
+    ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 8, 8, 200 + i).remote(h.b, 8)), 0);
+    receives(h, h.b, __LINE__);  // a's WRITE and the ACK of b's
+    ASSERT_EQ(h.post_send(h.b, Wr(h.b, WrOpcode::kRdmaWrite, 16, 8, 300 + i).remote(h.a, 16)), 0);
+    receives(h, h.a, __LINE__);  // b's WRITE, then the ACK of a's
+  }
+  EXPECT_EQ(h.a.poll(h.a.scq).size(), core::Transport::kPingPongAcks + 2);
+}
+
 TEST(Rc, AnAckThatComesWithoutTheAnswerAsksForAWatch) {
   Harness h;
   std::vector<Nanos> kicks;
-  auto receives = [&](Node& n, int line) {
-    h.net_.deliver();
-    io::RxPacket pkts[8];
-    const uint32_t k = n.be->rx_burst(pkts, 8);
-    ASSERT_GE(k, 1u) << "line " << line;
-    n.ctx->rx_burst(std::span(pkts, k), n.tx, g_now);
-  };
   auto watch_kicks = [&] {
     return std::count(kicks.begin(), kicks.end(), core::Context::kKickWatch);
   };
@@ -419,44 +436,94 @@ TEST(Rc, AnAckThatComesWithoutTheAnswerAsksForAWatch) {
   h.a.ctx->set_kick([](void* v, Nanos by) { static_cast<std::vector<Nanos>*>(v)->push_back(by); }, &kicks);
   ASSERT_TRUE(h.wait(h.a, h.a.scq, 12, &wcs));
   EXPECT_EQ(watch_kicks(), 0);
+  EXPECT_EQ(h.a.counters.get(Counter::answer_holds), 0u);
 
-  // A ping-pong: each side's WRITE carries the ACK of the other's last one behind it.
-  ASSERT_EQ(h.post_send(h.b, Wr(h.b, WrOpcode::kRdmaWrite, 0, 8, 100).remote(h.a, 0)), 0);
-  receives(h.a, __LINE__);  // a has sent: it defers its ACK to its answer
-  for (uint32_t i = 0; i < core::Transport::kPingPongAcks + 2; ++i) {
-    ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 8, 8, 200 + i).remote(h.b, 8)), 0);
-    receives(h.b, __LINE__);  // a's WRITE and the ACK of b's
-    ASSERT_EQ(h.post_send(h.b, Wr(h.b, WrOpcode::kRdmaWrite, 16, 8, 300 + i).remote(h.a, 16)), 0);
-    receives(h.a, __LINE__);  // b's WRITE, then the ACK of a's
-  }
-  EXPECT_EQ(h.a.poll(h.a.scq).size(), core::Transport::kPingPongAcks + 2);
+  ping_pong(h);
   EXPECT_EQ(watch_kicks(), 0);
   EXPECT_FALSE(h.a.ctx->take_watch_request());
 
-  // b's answer is late: its ACK goes alone at the deadline, and a, which receives it, asks for a watch.
+  // b's answer is late: its ACK goes alone at the deadline, and a, which receives it here as the progress
+  // thread would, asks for a watch at once (its application may be spinning on memory by now).
   ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 8, 8, 400).remote(h.b, 8)), 0);
-  receives(h.b, __LINE__);
+  receives(h, h.b, __LINE__);
   h.b.ctx->tick(h.b.tx, g_now + core::Transport::kAckDeferNs);
-  receives(h.a, __LINE__);
-  EXPECT_EQ(h.a.poll(h.a.scq).size(), 1u);
+  receives(h, h.a, __LINE__);
   EXPECT_EQ(watch_kicks(), 1);
   EXPECT_TRUE(h.a.ctx->take_watch_request());
   EXPECT_FALSE(h.a.ctx->take_watch_request()) << "once";
+  // The completion is held from polls for the answer, and released when the time is up.
+  EXPECT_EQ(h.a.poll(h.a.scq).size(), 0u);
+  g_now += core::Context::kAnswerHoldNs;
+  EXPECT_EQ(h.a.poll(h.a.scq).size(), 1u);
+  EXPECT_EQ(h.a.counters.get(Counter::answer_holds), 1u);
+  EXPECT_EQ(h.a.counters.get(Counter::answer_holds_late), 1u);
   // b answers, and its next ACK comes alone again: within the same millisecond no second ask (the watch
   // that the first started lasts about that long); a millisecond later, one.
   auto answer_then_late_ack = [&](uint64_t id) {
     ASSERT_EQ(h.post_send(h.b, Wr(h.b, WrOpcode::kRdmaWrite, 16, 8, id).remote(h.a, 16)), 0);
-    receives(h.a, __LINE__);  // b's answer (a defers its ACK)
+    receives(h, h.a, __LINE__);  // b's answer (a defers its ACK)
     ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 8, 8, id + 1).remote(h.b, 8)), 0);
-    receives(h.b, __LINE__);
+    receives(h, h.b, __LINE__);
     h.b.ctx->tick(h.b.tx, g_now + core::Transport::kAckDeferNs);
-    receives(h.a, __LINE__);  // b's ACK, alone
+    receives(h, h.a, __LINE__);  // b's ACK, alone
   };
   answer_then_late_ack(500);
   EXPECT_EQ(watch_kicks(), 1);
   g_now += core::Context::kWatchAskGapNs;
   answer_then_late_ack(600);
   EXPECT_EQ(watch_kicks(), 2);
+  EXPECT_TRUE(h.a.ctx->take_watch_request());
+  h.a.ctx->set_kick(nullptr, nullptr);
+  EXPECT_EQ(h.a.counters.get(Counter::retransmits), 0u);
+}
+
+// The same late ACK received by the application's own poll: the poll is held (it returns nothing and
+// receives on) until b's answer comes, and then returns the completion with the answer in a's memory. No
+// watch is asked for. Without an answer in time, the completion is returned then and the watch asked.
+TEST(Rc, ALoneAckOfAPingPongHoldsThePollForTheAnswer) {
+  Harness h;
+  std::vector<Nanos> kicks;
+  auto watch_kicks = [&] {
+    return std::count(kicks.begin(), kicks.end(), core::Context::kKickWatch);
+  };
+  h.a.ctx->set_kick([](void* v, Nanos by) { static_cast<std::vector<Nanos>*>(v)->push_back(by); }, &kicks);
+  ping_pong(h);
+  EXPECT_EQ(watch_kicks(), 0);
+
+  auto late_ack = [&](uint64_t id) {
+    ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 8, 8, id).remote(h.b, 8)), 0);
+    receives(h, h.b, __LINE__);
+    h.b.ctx->tick(h.b.tx, g_now + core::Transport::kAckDeferNs);  // b's ACK goes alone
+    h.net_.deliver();
+  };
+  late_ack(400);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(h.a.poll(h.a.scq).empty()) << "held, poll " << i;
+  EXPECT_EQ(h.a.counters.get(Counter::answer_holds), 1u);
+  EXPECT_EQ(h.a.scq->pending(), 1u) << "the ACK was received, its completion is in the CQ";
+  EXPECT_EQ(watch_kicks(), 0);
+  g_now += core::Context::kAnswerHoldNs - 1;
+  EXPECT_TRUE(h.a.poll(h.a.scq).empty()) << "still held just before the end";
+
+  // b answers: a's next poll receives it and returns the completion, the answer already in memory.
+  std::fill(h.b.buf.begin() + 16, h.b.buf.begin() + 24, uint8_t{0x5A});
+  ASSERT_EQ(h.post_send(h.b, Wr(h.b, WrOpcode::kRdmaWrite, 16, 8, 450).remote(h.a, 16)), 0);
+  h.net_.deliver();
+  const std::vector<Wc> got = h.a.poll(h.a.scq);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].wr_id, 400u);
+  EXPECT_EQ(got[0].status, WcStatus::kSuccess);
+  EXPECT_TRUE(std::all_of(h.a.buf.begin() + 16, h.a.buf.begin() + 24, [](uint8_t v) { return v == 0x5A; }));
+  EXPECT_EQ(h.a.counters.get(Counter::answer_holds_late), 0u);
+  EXPECT_EQ(watch_kicks(), 0);
+
+  // No answer in time: the completion comes when the hold ends, and the progress thread is asked to watch.
+  late_ack(500);
+  EXPECT_TRUE(h.a.poll(h.a.scq).empty());
+  g_now += core::Context::kAnswerHoldNs;
+  ASSERT_EQ(h.a.poll(h.a.scq).size(), 1u);
+  EXPECT_EQ(h.a.counters.get(Counter::answer_holds), 2u);
+  EXPECT_EQ(h.a.counters.get(Counter::answer_holds_late), 1u);
+  EXPECT_EQ(watch_kicks(), 1);
   EXPECT_TRUE(h.a.ctx->take_watch_request());
   h.a.ctx->set_kick(nullptr, nullptr);
   EXPECT_EQ(h.a.counters.get(Counter::retransmits), 0u);

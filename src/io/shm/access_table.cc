@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "io/clock.h"
+#include "io/shm/copy_helper.h"
 #include "io/shm/peer_maps.h"
 
 namespace softrdma::io::shm {
@@ -186,7 +187,8 @@ void run_atomic(const DirectOp& op, uint8_t* target) {
 
 }  // namespace
 
-int AccessTable::direct(void* map, size_t len, int pid, const DirectOp& op, PeerMaps* maps) {
+int AccessTable::direct(void* map, size_t len, int pid, const DirectOp& op, PeerMaps* maps,
+                        CopyHelper* helper) {
   if (!map || len < kFileBytes || op.length == 0 || op.nseg == 0 || op.nseg > 32) return -1;
   const auto* h = static_cast<const AccessHeader*>(map);
   if (reinterpret_cast<const std::atomic<uint64_t>*>(&h->magic)->load(std::memory_order_acquire) !=
@@ -256,12 +258,34 @@ int AccessTable::direct(void* map, size_t len, int pid, const DirectOp& op, Peer
           }
         }
         if (rc != 2) {
-          const ssize_t r = op.read ? process_vm_readv(pid, local, op.nseg, &remote, 1, 0)
-                                    : process_vm_writev(pid, local, op.nseg, &remote, 1, 0);
-          if (r == static_cast<ssize_t>(op.length))
-            rc = 0;
-          else if (r < 0 && (errno == EPERM || errno == ENOSYS || errno == ESRCH))
-            rc = -2;
+          auto refused = [](ssize_t r, int err) {
+            return r < 0 && (err == EPERM || err == ENOSYS || err == ESRCH);
+          };
+          const size_t half = op.length / 2;
+          const iovec local2{static_cast<uint8_t*>(local[0].iov_base) + half, op.length - half};
+          const iovec remote2{reinterpret_cast<void*>(at + half), op.length - half};
+          if (helper && op.nseg == 1 && op.length >= CopyHelper::kSplitMin &&
+              helper->post(pid, op.read, local2, remote2)) {
+            // Two halves at once (copy_helper.h): the second on the helper thread.
+            local[0].iov_len = half;
+            remote.iov_len = half;
+            const ssize_t r1 = op.read ? process_vm_readv(pid, local, 1, &remote, 1, 0)
+                                       : process_vm_writev(pid, local, 1, &remote, 1, 0);
+            const int err1 = errno;
+            int err2 = 0;
+            const ssize_t r2 = helper->finish(&err2);
+            if (r1 == static_cast<ssize_t>(half) && r2 == static_cast<ssize_t>(op.length - half))
+              rc = 3;
+            else if (refused(r1, err1) || refused(r2, err2))
+              rc = -2;
+          } else {
+            const ssize_t r = op.read ? process_vm_readv(pid, local, op.nseg, &remote, 1, 0)
+                                      : process_vm_writev(pid, local, op.nseg, &remote, 1, 0);
+            if (r == static_cast<ssize_t>(op.length))
+              rc = 0;
+            else if (refused(r, errno))
+              rc = -2;
+          }
         }
       }
     }

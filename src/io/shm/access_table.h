@@ -32,6 +32,7 @@
 
 namespace softrdma::io::shm {
 
+class CopyHelper;
 class PeerMaps;
 
 inline constexpr uint64_t kAccessMagic = 0x53524143434553ull;  // "SRACCES"
@@ -105,10 +106,12 @@ class AccessTable {
 
   // Reader side, on a peer's table mapped by `map`: 0 when the data moved (process_vm_*), 1 when it moved
   // by memcpy, or an ATOMIC ran, through pages the peer shares (`maps`, if given, maps them), 2 when it
-  // moved through the peer's /proc/<pid>/mem (`maps`, a small op), -1 when the op
+  // moved through the peer's /proc/<pid>/mem (`maps`, a small op), 3 when it moved by two process_vm_*
+  // calls at once, one on `helper`'s thread (a large op, copy_helper.h), -1 when the op
   // must go the ordinary way (nothing can be checked, a check fails, or the call fails), -2 when the kernel
   // refused the call (another user, a ptrace policy, the peer gone).
-  static int direct(void* map, size_t len, int pid, const DirectOp& op, PeerMaps* maps);
+  static int direct(void* map, size_t len, int pid, const DirectOp& op, PeerMaps* maps,
+                    CopyHelper* helper = nullptr);
   static size_t file_bytes();
 
   void* map() const { return map_; }

@@ -159,13 +159,15 @@ int ShmIo::direct(const wire::Endpoint& dst, const DirectOp& op) {
   int st = p->acc_state.load(std::memory_order_acquire);
   if (st == 0) st = open_access(*p);
   if (st < 0) return -1;
-  const int rc = shm::AccessTable::direct(p->acc_map, p->acc_len, p->hdr->pid, op, p->maps.get());
+  const int rc =
+      shm::AccessTable::direct(p->acc_map, p->acc_len, p->hdr->pid, op, p->maps.get(), &copy_helper_);
   if (rc == -2) p->acc_state.store(-1, std::memory_order_release);  // not permitted, or the peer is gone
   if (rc >= 0) {
     counters_->add(Counter::direct_ops);
     counters_->add(Counter::direct_bytes, op.length);
     if (rc == 1) counters_->add(Counter::direct_shared_ops);
     if (rc == 2) counters_->add(Counter::direct_mem_file_ops);
+    if (rc == 3) counters_->add(Counter::direct_split_ops);
   }
   return rc == 1 ? 1 : rc >= 0 ? 0 : -1;
 }

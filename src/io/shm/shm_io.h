@@ -39,6 +39,7 @@
 #include "core/counters.h"
 #include "io/backend.h"
 #include "io/shm/access_table.h"
+#include "io/shm/copy_helper.h"
 #include "io/shm/mr_share.h"
 #include "io/shm/shm_ring.h"
 #include "io/udp/fault_injector.h"
@@ -150,6 +151,7 @@ class ShmIo : public Backend {
   uint32_t access_serial_ = 0;  // names the file; 0: the path is off
   bool share_mr_ = false;       // SOFTRDMA_SHARE_MR=1 (mr_share.h)
   std::vector<std::pair<uint32_t, shm::SharedPages>> shared_;  // by MR key (under acc_mu_)
+  shm::CopyHelper copy_helper_;  // the second thread of large one-sided copies
 
   // Receiving: published ports, filled in order (slots never reused), read without a lock.
   std::unique_ptr<OwnPort[]> own_;

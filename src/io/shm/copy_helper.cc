@@ -1,0 +1,81 @@
+#include "io/shm/copy_helper.h"
+
+#include <pthread.h>
+#include <sched.h>
+
+#include <cerrno>
+
+namespace softrdma::io::shm {
+
+CopyHelper::~CopyHelper() {
+  if (!running_.load(std::memory_order_acquire)) return;
+  stop_.store(true, std::memory_order_release);
+  gen_.fetch_add(1, std::memory_order_release);
+  gen_.notify_one();
+  pthread_join(thread_, nullptr);
+}
+
+ssize_t CopyHelper::copy(const Job& j) {
+  return j.read ? process_vm_readv(j.pid, &j.local, 1, &j.remote, 1, 0)
+                : process_vm_writev(j.pid, &j.local, 1, &j.remote, 1, 0);
+}
+
+bool CopyHelper::post(int pid, bool read, const iovec& local, const iovec& remote) {
+  uint32_t idle = kIdle;
+  if (!state_.compare_exchange_strong(idle, kPosting, std::memory_order_acquire)) return false;
+  std::call_once(started_, [this] {
+    // Without a thread (pthread_create failed), every job is taken back by its poster (finish).
+    auto body = [](void* self) -> void* {
+      static_cast<CopyHelper*>(self)->run();
+      return nullptr;
+    };
+    if (pthread_create(&thread_, nullptr, body, this) == 0) {
+      pthread_setname_np(thread_, "softrdma-copy");
+      running_.store(true, std::memory_order_release);
+    }
+  });
+  job_ = {pid, read, local, remote};
+  state_.store(kPosted, std::memory_order_release);
+  gen_.fetch_add(1, std::memory_order_release);
+  gen_.notify_one();
+  return true;
+}
+
+ssize_t CopyHelper::finish(int* err) {
+  uint32_t s = kPosted;
+  ssize_t r;
+  if (state_.compare_exchange_strong(s, kPosting, std::memory_order_acq_rel)) {
+    r = copy(job_);  // not taken up yet: done here
+    *err = r < 0 ? errno : 0;
+  } else {
+    // The helper runs it now, on another CPU as a rule; on a busy machine it may have lost that CPU.
+    for (uint32_t spins = 0; state_.load(std::memory_order_acquire) != kDone; ++spins) {
+      if (spins < 4096)
+        __builtin_ia32_pause();
+      else
+        sched_yield();
+    }
+    r = result_;
+    *err = err_;
+  }
+  state_.store(kIdle, std::memory_order_release);
+  return r;
+}
+
+void CopyHelper::run() {
+  uint32_t seen = 0;
+  for (;;) {
+    gen_.wait(seen, std::memory_order_acquire);
+    seen = gen_.load(std::memory_order_acquire);
+    if (stop_.load(std::memory_order_acquire)) return;
+    uint32_t s = kPosted;
+    if (!state_.compare_exchange_strong(s, kRunning, std::memory_order_acq_rel)) continue;  // taken back
+    const ssize_t r = copy(job_);
+    err_ = r < 0 ? errno : 0;
+    result_ = r;
+    jobs_run_.fetch_add(1, std::memory_order_relaxed);
+    state_.store(kDone, std::memory_order_release);
+  }
+}
+
+}  // namespace softrdma::io::shm

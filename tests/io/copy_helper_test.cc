@@ -1,0 +1,139 @@
+// The helper thread of large same-host one-sided copies (io/shm/copy_helper.h), on its own and through the
+// access table: the bytes of both halves, a busy helper, a job taken back (no helper after fork), errors.
+#include "io/shm/copy_helper.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "io/shm/access_table.h"
+
+namespace softrdma::io::shm {
+namespace {
+
+constexpr size_t kLen = 4u << 20;
+
+std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(i * 31 + seed);
+  return v;
+}
+
+// Posts the second half of src -> dst (or dst -> src for a READ) to the helper, waits `delay` so that the
+// helper may take it up, copies the first half here as AccessTable::direct does, and finishes.
+ssize_t split_copy(CopyHelper& h, bool read, std::vector<uint8_t>& local, std::vector<uint8_t>& remote,
+                   std::chrono::milliseconds delay) {
+  const size_t half = local.size() / 2;
+  const iovec l2{local.data() + half, local.size() - half}, r2{remote.data() + half, remote.size() - half};
+  if (!h.post(getpid(), read, l2, r2)) return -100;
+  std::this_thread::sleep_for(delay);
+  const iovec l1{local.data(), half}, r1{remote.data(), half};
+  const ssize_t a = read ? process_vm_readv(getpid(), &l1, 1, &r1, 1, 0)
+                         : process_vm_writev(getpid(), &l1, 1, &r1, 1, 0);
+  int err = 0;
+  const ssize_t b = h.finish(&err);
+  return a < 0 || b < 0 ? -1 : a + b;
+}
+
+TEST(CopyHelper, BothHalvesLandWhetherTheHelperOrThePosterRunsThem) {
+  CopyHelper h;
+  std::vector<uint8_t> src = pattern(kLen, 1), dst(kLen, 0);
+  // Given time, the helper takes the job up.
+  ASSERT_EQ(split_copy(h, false, src, dst, std::chrono::milliseconds(50)), static_cast<ssize_t>(kLen));
+  EXPECT_EQ(dst, src);
+  EXPECT_EQ(h.jobs_run(), 1u);
+  // A READ: into the local buffer.
+  std::vector<uint8_t> into(kLen, 0), from = pattern(kLen, 7);
+  ASSERT_EQ(split_copy(h, true, into, from, std::chrono::milliseconds(50)), static_cast<ssize_t>(kLen));
+  EXPECT_EQ(into, from);
+  EXPECT_EQ(h.jobs_run(), 2u);
+  // Back to back, whoever gets there first: the bytes are right either way.
+  for (uint8_t i = 0; i < 20; ++i) {
+    std::vector<uint8_t> s = pattern(kLen, i), d(kLen, 0);
+    ASSERT_EQ(split_copy(h, false, s, d, std::chrono::milliseconds(0)), static_cast<ssize_t>(kLen));
+    ASSERT_EQ(d, s) << "round " << int(i);
+  }
+}
+
+TEST(CopyHelper, ABusyHelperTakesNoSecondJob) {
+  CopyHelper h;
+  std::vector<uint8_t> a = pattern(kLen, 3), b(kLen, 0);
+  const iovec l{a.data(), kLen}, r{b.data(), kLen};
+  ASSERT_TRUE(h.post(getpid(), false, l, r));
+  EXPECT_FALSE(h.post(getpid(), false, l, r)) << "one job at a time";
+  int err = -1;
+  EXPECT_EQ(h.finish(&err), static_cast<ssize_t>(kLen));
+  EXPECT_EQ(err, 0);
+  EXPECT_EQ(b, a);
+  EXPECT_TRUE(h.post(getpid(), false, l, r)) << "free again";
+  EXPECT_EQ(h.finish(&err), static_cast<ssize_t>(kLen));
+}
+
+TEST(CopyHelper, AFailedCopyReportsItsErrno) {
+  CopyHelper h;
+  std::vector<uint8_t> a = pattern(4096, 3);
+  const iovec l{a.data(), a.size()};
+  const iovec bad{reinterpret_cast<void*>(uintptr_t{8}), a.size()};  // not mapped
+  for (const auto delay : {std::chrono::milliseconds(50), std::chrono::milliseconds(0)}) {
+    ASSERT_TRUE(h.post(getpid(), false, l, bad));
+    std::this_thread::sleep_for(delay);
+    int err = 0;
+    EXPECT_EQ(h.finish(&err), -1);
+    EXPECT_EQ(err, EFAULT);
+  }
+}
+
+// After fork() the child has the helper's state but not its thread: a posted job is taken back by the poster.
+TEST(CopyHelper, AChildOfForkTakesItsJobsBack) {
+  CopyHelper h;
+  std::vector<uint8_t> warm = pattern(kLen, 1), sink(kLen, 0);
+  ASSERT_EQ(split_copy(h, false, warm, sink, std::chrono::milliseconds(50)), static_cast<ssize_t>(kLen));
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::vector<uint8_t> s = pattern(kLen, 9), d(kLen, 0);
+    const ssize_t n = split_copy(h, false, s, d, std::chrono::milliseconds(50));
+    _exit(n == static_cast<ssize_t>(kLen) && d == s ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// Through the access table: a WRITE of kSplitMin bytes or more goes in two halves (3), a smaller one whole
+// (0); the bytes land either way.
+TEST(CopyHelper, TheAccessTableSplitsLargeWrites) {
+  const std::string path = "/dev/shm/softrdma-acc-split-test." + std::to_string(getpid());
+  std::unique_ptr<AccessTable> t = std::move(*AccessTable::create(path, getpid(), 1, 2));
+  std::vector<uint8_t> mem(kLen, 0);
+  t->publish_qp({.qpn = 0x12345, .access = kAccRemoteWrite | kAccRemoteRead, .pd = 3, .dest_qpn = 0x777,
+                 .open = true});
+  t->publish_mr({.key = 0xABCD01, .access = kAccRemoteWrite | kAccRemoteRead, .pd = 3, .iova = 0x100000,
+                 .length = mem.size(), .addr = reinterpret_cast<uint64_t>(mem.data())},
+                nullptr);
+  CopyHelper h;
+  auto write = [&](std::vector<uint8_t>& src, uint64_t off) {
+    LocalSeg seg{src.data(), src.size()};
+    DirectOp op{false, 0x777, 0x12345, 0x100000 + off, 0xABCD01, src.size(), &seg, 1};
+    return AccessTable::direct(t->map(), AccessTable::file_bytes(), getpid(), op, nullptr, &h);
+  };
+  std::vector<uint8_t> big = pattern(CopyHelper::kSplitMin, 5);
+  EXPECT_EQ(write(big, 4096), 3);
+  EXPECT_TRUE(std::equal(big.begin(), big.end(), mem.begin() + 4096));
+  std::vector<uint8_t> small = pattern(CopyHelper::kSplitMin - 1, 6);
+  EXPECT_EQ(write(small, 0), 0);
+  EXPECT_TRUE(std::equal(small.begin(), small.end(), mem.begin()));
+  std::vector<uint8_t> past = pattern(CopyHelper::kSplitMin, 7);
+  EXPECT_EQ(write(past, kLen - CopyHelper::kSplitMin + 1), -1) << "one byte past the MR: the ordinary way";
+  t.reset();
+}
+
+}  // namespace
+}  // namespace softrdma::io::shm

@@ -262,15 +262,14 @@ int AccessTable::direct(void* map, size_t len, int pid, const DirectOp& op, Peer
             return r < 0 && (err == EPERM || err == ENOSYS || err == ESRCH);
           };
           const size_t half = op.length / 2;
-          const iovec local2{static_cast<uint8_t*>(local[0].iov_base) + half, op.length - half};
-          const iovec remote2{reinterpret_cast<void*>(at + half), op.length - half};
           if (helper && op.nseg == 1 && op.length >= CopyHelper::kSplitMin &&
-              helper->post(pid, op.read, local2, remote2)) {
+              helper->post(pid, op.read,
+                           {static_cast<uint8_t*>(local[0].iov_base) + half, op.length - half},
+                           {reinterpret_cast<void*>(at + half), op.length - half})) {
             // Two halves at once (copy_helper.h): the second on the helper thread.
             local[0].iov_len = half;
             remote.iov_len = half;
-            const ssize_t r1 = op.read ? process_vm_readv(pid, local, 1, &remote, 1, 0)
-                                       : process_vm_writev(pid, local, 1, &remote, 1, 0);
+            const ssize_t r1 = vm_copy(pid, op.read, local, 1, remote);
             const int err1 = errno;
             int err2 = 0;
             const ssize_t r2 = helper->finish(&err2);
@@ -279,8 +278,7 @@ int AccessTable::direct(void* map, size_t len, int pid, const DirectOp& op, Peer
             else if (refused(r1, err1) || refused(r2, err2))
               rc = -2;
           } else {
-            const ssize_t r = op.read ? process_vm_readv(pid, local, op.nseg, &remote, 1, 0)
-                                      : process_vm_writev(pid, local, op.nseg, &remote, 1, 0);
+            const ssize_t r = vm_copy(pid, op.read, local, op.nseg, remote);
             if (r == static_cast<ssize_t>(op.length))
               rc = 0;
             else if (refused(r, errno))

@@ -15,11 +15,6 @@ CopyHelper::~CopyHelper() {
   pthread_join(thread_, nullptr);
 }
 
-ssize_t CopyHelper::copy(const Job& j) {
-  return j.read ? process_vm_readv(j.pid, &j.local, 1, &j.remote, 1, 0)
-                : process_vm_writev(j.pid, &j.local, 1, &j.remote, 1, 0);
-}
-
 bool CopyHelper::post(int pid, bool read, const iovec& local, const iovec& remote) {
   uint32_t idle = kIdle;
   if (!state_.compare_exchange_strong(idle, kPosting, std::memory_order_acquire)) return false;
@@ -45,7 +40,7 @@ ssize_t CopyHelper::finish(int* err) {
   uint32_t s = kPosted;
   ssize_t r;
   if (state_.compare_exchange_strong(s, kPosting, std::memory_order_acq_rel)) {
-    r = copy(job_);  // not taken up yet: done here
+    r = vm_copy(job_.pid, job_.read, &job_.local, 1, job_.remote);  // not taken up yet: done here
     *err = r < 0 ? errno : 0;
   } else {
     // The helper runs it now, on another CPU as a rule; on a busy machine it may have lost that CPU.
@@ -70,7 +65,7 @@ void CopyHelper::run() {
     if (stop_.load(std::memory_order_acquire)) return;
     uint32_t s = kPosted;
     if (!state_.compare_exchange_strong(s, kRunning, std::memory_order_acq_rel)) continue;  // taken back
-    const ssize_t r = copy(job_);
+    const ssize_t r = vm_copy(job_.pid, job_.read, &job_.local, 1, job_.remote);
     err_ = r < 0 ? errno : 0;
     result_ = r;
     jobs_run_.fetch_add(1, std::memory_order_relaxed);

@@ -21,6 +21,12 @@
 
 namespace softrdma::io::shm {
 
+// process_vm_readv (read: from `remote` in process `pid` into `local`) or process_vm_writev.
+inline ssize_t vm_copy(int pid, bool read, const iovec* local, unsigned long nlocal, const iovec& remote) {
+  return read ? process_vm_readv(pid, local, nlocal, &remote, 1, 0)
+              : process_vm_writev(pid, local, nlocal, &remote, 1, 0);
+}
+
 class CopyHelper {
  public:
   static constexpr size_t kSplitMin = 2u << 20;
@@ -46,7 +52,6 @@ class CopyHelper {
     iovec local{};
     iovec remote{};
   };
-  static ssize_t copy(const Job& j);
   void run();
 
   std::atomic<uint32_t> state_{kIdle};

@@ -6,9 +6,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -132,6 +134,69 @@ TEST(CopyHelper, TheAccessTableSplitsLargeWrites) {
   EXPECT_TRUE(std::equal(small.begin(), small.end(), mem.begin()));
   std::vector<uint8_t> past = pattern(CopyHelper::kSplitMin, 7);
   EXPECT_EQ(write(past, kLen - CopyHelper::kSplitMin + 1), -1) << "one byte past the MR: the ordinary way";
+  t.reset();
+}
+
+// An application that polls the last byte of a WRITE's target (ib_write_lat does, and so do many others:
+// hardware and rxe place a message's bytes in order) must find every other byte there once the last one
+// is: a split WRITE writes its last bytes after both halves. A thread here polls the last byte of each of
+// 24 split WRITEs and checks the whole target as soon as it changes; with the halves' order left to the
+// two threads, the last byte came first in about half of them.
+TEST(CopyHelper, ASplitWritesLastByteLandsLast) {
+  const std::string path = "/dev/shm/softrdma-acc-order-test." + std::to_string(getpid());
+  std::unique_ptr<AccessTable> t = std::move(*AccessTable::create(path, getpid(), 1, 2));
+  constexpr size_t kSize = 4u << 20;
+  static_assert(kSize >= CopyHelper::kSplitMin);
+  std::vector<uint8_t> mem(kSize, 0);
+  t->publish_qp({.qpn = 0x12345, .access = kAccRemoteWrite, .pd = 3, .dest_qpn = 0x777, .open = true});
+  t->publish_mr({.key = 0xABCD01, .access = kAccRemoteWrite, .pd = 3, .iova = 0x100000, .length = mem.size(),
+                 .addr = reinterpret_cast<uint64_t>(mem.data())},
+                nullptr);
+  CopyHelper h;
+  constexpr int kRounds = 24;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  std::atomic<bool> stop{false};  // set when a WRITE failed: the poller waits no more
+  const auto late = [&] { return stop.load() || std::chrono::steady_clock::now() > deadline; };
+  std::atomic<int> round{-1};    // the round written now
+  std::atomic<int> checked{-1};  // the last round the poller checked
+  std::atomic<int> early{0};     // rounds whose last byte came before another byte
+  std::thread poller([&] {
+    const volatile uint8_t* last = mem.data() + kSize - 1;
+    for (int r = 0; r < kRounds && !late(); ++r) {
+      const auto value = static_cast<uint8_t>(r + 1);  // every byte of round r's WRITE
+      while (*last != value && !late()) {
+      }
+      std::atomic_thread_fence(std::memory_order_acquire);
+      for (size_t i = 0; i < kSize; i += 64) {
+        if (mem[i] != value) {
+          early.fetch_add(1);
+          break;
+        }
+      }
+      checked.store(r, std::memory_order_release);
+    }
+  });
+  int split = 0;
+  for (int r = 0; r < kRounds && !late(); ++r) {
+    std::vector<uint8_t> src(kSize, static_cast<uint8_t>(r + 1));
+    LocalSeg seg{src.data(), src.size()};
+    DirectOp op{false, 0x777, 0x12345, 0x100000, 0xABCD01, src.size(), &seg, 1};
+    round.store(r, std::memory_order_release);
+    const int rc = AccessTable::direct(t->map(), AccessTable::file_bytes(), getpid(), op, nullptr, &h);
+    if (rc < 0) {
+      ADD_FAILURE() << "round " << r << ": direct() returned " << rc;
+      stop.store(true);
+      break;
+    }
+    if (rc == 3) ++split;
+    // The poller checks this round's bytes before the next round overwrites them.
+    while (checked.load(std::memory_order_acquire) < r && !late()) {
+    }
+  }
+  poller.join();
+  ASSERT_FALSE(late()) << "stopped or timed out at round " << round.load() << ", checked " << checked.load();
+  EXPECT_GT(split, 0) << "no WRITE was split: the test saw nothing";
+  EXPECT_EQ(early.load(), 0) << "of " << split << " split WRITEs";
   t.reset();
 }
 

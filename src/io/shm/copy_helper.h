@@ -1,10 +1,14 @@
 // A second thread for the large copies of the same-host one-sided path (access_table.h): a WRITE or READ
 // of kSplitMin bytes or more is one process_vm_writev or process_vm_readv per half, the two halves at once
-// on two CPUs, as a NIC spreads one transfer over its engines. Measured here (a 2-CPU VM, a copy into an
-// idle process): 8 MiB 414-478 -> 239-261 us, 4 MiB 206-223 -> 129-174, 2 MiB 109-129 -> 79-118, and
-// 1 MiB no faster (48-53 against 50-52 us), so 1 MiB copies stay whole.
+// on two CPUs, as a NIC spreads one transfer over its engines (and its last 64 bytes a third, once both
+// halves are in: AccessTable::direct). Measured here (a 2-CPU VM, a copy into an idle process): 8 MiB
+// 414-478 -> 239-261 us, 4 MiB 206-223 -> 129-174, 2 MiB 109-129 -> 79-118. Same-host ib_write_bw of
+// 1 MiB, 6 interleaved runs of 1 s each, MiB/s: 13,419-20,049 whole (median 15,045), 18,003-32,903 in
+// halves (23,604) with the helper lingering after a job, 16,013-26,737 (20,171) without; 256 and 512 KiB
+// lost in halves.
 //
-// The helper is started at its first job and sleeps on a futex between jobs. One job at a time: a poster
+// The helper is started at its first job. After a job it spins for kLingerNs, then sleeps on a futex (a
+// post wakes it only then: the wake is a syscall). One job at a time: a poster
 // that finds it busy (another thread's op) copies everything itself. A posted job that the helper has
 // not taken up by the time the poster finished its own half is taken back and done by the poster (the
 // helper may not get a CPU soon, and after fork() there is no helper in the child), so a poster never
@@ -17,6 +21,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <mutex>
 
 namespace softrdma::io::shm {
@@ -29,7 +34,9 @@ inline ssize_t vm_copy(int pid, bool read, const iovec* local, unsigned long nlo
 
 class CopyHelper {
  public:
-  static constexpr size_t kSplitMin = 2u << 20;
+  static constexpr size_t kSplitMin = 1u << 20;
+  using Nanos = uint64_t;
+  static constexpr Nanos kLingerNs = 20'000;  // the helper's spin after a job (50 us: no better)
 
   CopyHelper() = default;
   ~CopyHelper();
@@ -57,6 +64,7 @@ class CopyHelper {
   std::atomic<uint32_t> state_{kIdle};
   std::atomic<uint32_t> gen_{0};  // the futex the helper sleeps on: moves with every post
   std::atomic<bool> stop_{false};
+  std::atomic<bool> sleeping_{false};  // the helper waits on gen_: a post wakes it
   std::atomic<uint64_t> jobs_run_{0};
   Job job_;          // written by the poster before kPosted (release)
   ssize_t result_ = 0;  // written by the helper before kDone (release)

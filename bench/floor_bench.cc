@@ -8,22 +8,33 @@
 //                                               to 4) and an ACK (20 bytes) in one GSO send, received
 //                                               coalesced (UDP_GRO); the server echoes each such message as
 //                                               it came
-//   floor-bench memcpy SIZE SECONDS             copy SIZE bytes between two buffers, again and again, for
-//                                               SECONDS
+//   floor-bench memcpy SIZE SECONDS [PAIRS]     copy SIZE bytes between two buffers, again and again, for
+//                                               SECONDS; with PAIRS, between PAIRS pairs of buffers in turn
+//                                               (64 pairs of 1 MiB: the working set of 64 QPs' buffers)
+//   floor-bench mem-pingpong SIZE ITERS         ping-pong between this process and a child it forks, each
+//                                               writing SIZE bytes into the other's private memory with a
+//                                               pwrite on its /proc/<pid>/mem (softrdma's same-host WRITE
+//                                               of up to 1 KiB) and spinning on the last byte for the
+//                                               answer: what a same-host one-sided WRITE ping-pong costs
+//                                               with no work around the syscall (ib_write_lat's pattern)
 //
 // Both sides of the ping-pong spin on non-blocking sockets (recv with MSG_DONTWAIT), as a busy-polling RDMA
 // application spins on its CQ, so the figure is the kernel's UDP loopback path and nothing else. The client
 // prints one line of key=value figures: the mean and median half round trip (the round trip measured per
-// iteration, halved) in microseconds. memcpy prints the bytes copied per second (10^9 B/s and MiB/s).
+// iteration, halved) in microseconds; so does mem-pingpong. memcpy prints the bytes copied per second
+// (10^9 B/s and MiB/s).
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/udp.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -171,6 +182,17 @@ int client_socket(uint16_t port) {
   return fd;
 }
 
+// Prints a ping-pong client's line (see the top of the file) from its round trips.
+void print_half_rtt(size_t size, long iters, std::vector<double>& rtt_us, double total_s) {
+  std::sort(rtt_us.begin(), rtt_us.end());
+  double sum = 0;
+  for (double r : rtt_us) sum += r;
+  std::printf(
+      "size=%zu iters=%ld half_rtt_avg_us=%.3f half_rtt_median_us=%.3f half_rtt_min_us=%.3f seconds=%.3f\n",
+      size, iters, sum / static_cast<double>(iters) / 2, rtt_us[rtt_us.size() / 2] / 2, rtt_us.front() / 2,
+      total_s);
+}
+
 // The client's ping-pong on `fd`: ping() sends one ping (false on an error other than ECONNREFUSED),
 // pong(timeout, refused_ok) spins for its answer. Prints the client's line (see the top of the file).
 template <class Ping, class Pong>
@@ -200,13 +222,7 @@ int ping_pong(int fd, uint16_t port, size_t size, long iters, Ping ping, Pong po
   const double total_s = std::chrono::duration<double>(Clock::now() - start).count();
   char stop = 0;
   send(fd, &stop, 0, 0);  // an empty datagram stops the server
-  std::sort(rtt_us.begin(), rtt_us.end());
-  double sum = 0;
-  for (double r : rtt_us) sum += r;
-  std::printf(
-      "size=%zu iters=%ld half_rtt_avg_us=%.3f half_rtt_median_us=%.3f half_rtt_min_us=%.3f seconds=%.3f\n",
-      size, iters, sum / static_cast<double>(iters) / 2, rtt_us[rtt_us.size() / 2] / 2, rtt_us.front() / 2,
-      total_s);
+  print_half_rtt(size, iters, rtt_us, total_s);
   return 0;
 }
 
@@ -257,24 +273,95 @@ int udp_client_rc(uint16_t port, size_t size, long iters) {
   return ping_pong(fd, port, size, iters, ping, pong);
 }
 
-int memcpy_loop(size_t size, double seconds) {
-  std::vector<char> src(size, 1), dst(size, 0);
+int memcpy_loop(size_t size, double seconds, size_t pairs) {
+  // One allocation per side, the pairs side by side in it; every byte written first, so that no page
+  // fault is timed.
+  std::vector<char> src(size * pairs, 1), dst(size * pairs, 0);
   // Batches of about 1 MiB between looks at the clock, until `seconds` have passed.
   const uint64_t batch = std::max<uint64_t>((1u << 20) / size, 1);
   uint64_t iters = 0;
+  size_t pair = 0;
   const auto start = Clock::now();
   double s = 0;
   do {
     for (uint64_t i = 0; i < batch; ++i) {
-      std::memcpy(dst.data(), src.data(), size);
-      asm volatile("" : : "r"(dst.data()), "r"(src.data()) : "memory");  // keep every copy
+      char* const d = dst.data() + pair * size;
+      const char* const from = src.data() + pair * size;
+      std::memcpy(d, from, size);
+      asm volatile("" : : "r"(d), "r"(from) : "memory");  // keep every copy
+      if (++pair == pairs) pair = 0;
     }
     iters += batch;
     s = std::chrono::duration<double>(Clock::now() - start).count();
   } while (s < seconds);
   const double bps = static_cast<double>(iters) * static_cast<double>(size) / s;
-  std::printf("size=%zu iters=%llu seconds=%.6f bytes_per_sec=%.1f gbps=%.3f mib_per_sec=%.1f\n", size,
-              static_cast<unsigned long long>(iters), s, bps, bps / 1e9, bps / (1 << 20));
+  std::printf("size=%zu pairs=%zu iters=%llu seconds=%.6f bytes_per_sec=%.1f gbps=%.3f mib_per_sec=%.1f\n",
+              size, pairs, static_cast<unsigned long long>(iters), s, bps, bps / 1e9, bps / (1 << 20));
+  return 0;
+}
+
+// mem-pingpong: both processes write into each other's copy of `buf` (the same address in both after fork)
+// through the other's /proc/<pid>/mem.
+// Iteration i writes SIZE bytes whose last is the iteration's mark; the other side spins on that byte, as
+// ib_write_lat spins on the last byte of its buffer.
+int mem_pingpong(size_t size, long iters) {
+  std::vector<char> out(size, 0);
+  // The buffer the other process writes into: private memory (copy-on-write after the fork, not shared),
+  // as an application's registered memory is; its pages are the process's own by the warm-up's end.
+  std::vector<char> in(size, 0);
+  char* const buf = in.data();
+  volatile char* const last = buf + size - 1;
+  const pid_t parent = getpid();
+  const pid_t child = fork();
+  if (child < 0) die("fork");
+  const pid_t peer = child == 0 ? parent : child;
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/mem", static_cast<int>(peer));
+  const int mem = open(path, O_RDWR | O_CLOEXEC);  // refused where ptrace rules forbid it (as softrdma is)
+  const auto write_mark = [&](long i) {
+    out[size - 1] = static_cast<char>((i % 127) + 1);
+    return pwrite(mem, out.data(), size, static_cast<off_t>(reinterpret_cast<uintptr_t>(buf))) ==
+           static_cast<ssize_t>(size);
+  };
+  const auto await_mark = [&](long i) {
+    const char want = static_cast<char>((i % 127) + 1);
+    const auto deadline = Clock::now() + kReplyTimeout;
+    for (unsigned spins = 0; *last != want; ++spins)
+      if ((spins & 1023) == 0 && Clock::now() > deadline) return false;
+    return true;
+  };
+  const long total = kWarmup + iters;
+  if (child == 0) {  // the echo side: answers each mark with the same mark
+    for (long i = 0; i < total; ++i)
+      if (!await_mark(i) || !write_mark(i)) _exit(1);
+    _exit(0);
+  }
+  std::vector<double> rtt_us;
+  rtt_us.reserve(static_cast<size_t>(iters));
+  const auto start = Clock::now();
+  bool ok = true;
+  for (long i = 0; i < total && ok; ++i) {
+    const auto t0 = Clock::now();
+    if (!write_mark(i)) {
+      std::fprintf(stderr, "floor-bench: pwrite %s: %s\n", path, std::strerror(errno));
+      ok = false;
+    } else if (!await_mark(i)) {
+      std::fprintf(stderr, "floor-bench: no answer to iteration %ld\n", i);
+      ok = false;
+    } else if (i >= kWarmup) {
+      rtt_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    }
+  }
+  const double total_s = std::chrono::duration<double>(Clock::now() - start).count();
+  if (!ok) kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  if (!ok) return 1;
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::fprintf(stderr, "floor-bench: the echo process failed\n");
+    return 1;
+  }
+  print_half_rtt(size, iters, rtt_us, total_s);
   return 0;
 }
 
@@ -282,7 +369,8 @@ int usage() {
   std::fprintf(stderr,
                "usage: floor-bench udp-server PORT [rc]\n"
                "       floor-bench udp-client PORT SIZE ITERS [rc]\n"
-               "       floor-bench memcpy SIZE SECONDS\n");
+               "       floor-bench memcpy SIZE SECONDS [PAIRS]\n"
+               "       floor-bench mem-pingpong SIZE ITERS\n");
   return 2;
 }
 
@@ -303,10 +391,18 @@ int main(int argc, char** argv) {
     return rc ? udp_client_rc(static_cast<uint16_t>(num(2)), size, iters)
               : udp_client(static_cast<uint16_t>(num(2)), size, iters);
   }
-  if (cmd == "memcpy" && argc == 4) {
+  if (cmd == "memcpy" && (argc == 4 || argc == 5)) {
     const double seconds = std::strtod(argv[3], nullptr);
-    if (num(2) == 0 || !(seconds > 0)) return usage();
-    return memcpy_loop(num(2), seconds);
+    const size_t pairs = argc == 5 ? num(4) : 1;
+    if (num(2) == 0 || !(seconds > 0) || pairs == 0 || pairs > 1024 || num(2) > (size_t{1} << 30) / pairs)
+      return usage();
+    return memcpy_loop(num(2), seconds, pairs);
+  }
+  if (cmd == "mem-pingpong" && argc == 4) {
+    const size_t size = num(2);
+    const long iters = static_cast<long>(num(3));
+    if (size == 0 || size > (size_t{1} << 24) || iters < 1) return usage();
+    return mem_pingpong(size, iters);
   }
   return usage();
 }

@@ -14,7 +14,10 @@ Runs on this machine, every process on 127.0.0.1:
   libfabric  fi_pingpong over the tcp (msg endpoint) and shm (rdm endpoint) providers
   floor      floor-bench: a busy-polling UDP ping-pong and a memcpy loop; and at 8 B udp_pingpong_rc, the
              ping-pong of what an RC WRITE ping-pong sends per half round trip (the WRITE and its ACK in one
-             GSO send, received coalesced), with no work around it
+             GSO send, received coalesced), with no work around it; at 8 B mem_pingpong, a ping-pong of
+             pwrite calls on each other's /proc/<pid>/mem between two processes (a same-host one-sided WRITE
+             of 8 B with no work around it); and memcpy of 1 MiB from 64 pairs of buffers in turn (QPs column: 64), the working set of
+             64 QPs' buffers
 
 Every case runs --runs times (the cases interleaved, so that a change in the machine's load touches every
 tool alike) and each figure is the median with its min and max. Output (DIR, default BUILD/bench): table.txt
@@ -546,7 +549,8 @@ class Runner:
             raise Missing(f"{exe} not built (cmake --build {self.build} --target floor-bench)")
         if case.test == "memcpy":
             secs = 0.2 if self.quick else 1.0
-            p = Proc([exe, "memcpy", str(case.size), str(secs)], self.env(), self.log(case, run, "memcpy"))
+            p = Proc([exe, "memcpy", str(case.size), str(secs), str(case.qps)], self.env(),
+                     self.log(case, run, "memcpy"))
             p.wait_exit(time.monotonic() + self.timeout) or p.kill()
             p.reap()
             vals = keyvals(p.output())
@@ -555,8 +559,18 @@ class Runner:
             bw = float(vals["bytes_per_sec"])
             ops = int(vals["iters"])
             return {"bw": bw, "rate": bw / case.size, "ops": ops, "cpu_client_us": p.cpu_s * 1e6 / ops}
-        port = self.ports.take()
         iters = self.lat_iters(case.size) * (1 if self.quick or case.size > 64 else 10)
+        if case.test == "mem_pingpong":
+            p = Proc([exe, "mem-pingpong", str(case.size), str(iters)], self.env(), self.log(case, run, "client"))
+            p.wait_exit(time.monotonic() + self.timeout) or p.kill()
+            p.reap()
+            vals = keyvals(p.output())
+            if p.rc != 0 or "half_rtt_avg_us" not in vals:
+                raise Missing(f"floor-bench mem-pingpong exit {p.rc}: {tail(p.output())}")
+            # Both processes' CPU time is the client's here (wait4 counts the reaped child).
+            return {"lat_us": float(vals["half_rtt_avg_us"]), "lat_typical_us": float(vals["half_rtt_median_us"]),
+                    "ops": iters, "cpu_client_us": p.cpu_s * 1e6 / iters}
+        port = self.ports.take()
         rc = ["rc"] if case.test == "udp_pingpong_rc" else []
         server, client = self.pair(case, run, [exe, "udp-server", str(port)] + rc,
                                    [exe, "udp-client", str(port), str(case.size), str(iters)] + rc, self.env())
@@ -681,6 +695,11 @@ def all_cases(socket_variant):
     # What the latency targets' RC ping-pong needs on the wire (a WRITE and an ACK per half round trip, one
     # GSO send) with no work around it: the bound those targets meet first.
     cases.append(Case("floor", "udp_pingpong_rc", "udp", 8, "lat", rtt="half"))
+    # The same-host targets' own bounds: a one-sided WRITE ping-pong that is one pwrite on the peer's
+    # /proc/<pid>/mem each way (softrdma's same-host WRITE of 8 B) and nothing else; and copying 1 MiB from 64 pairs of buffers in turn (the working set of 64 QPs'
+    # buffers, beyond the caches) against one pair, the bound of the 64-QP bandwidth target.
+    cases.append(Case("floor", "mem_pingpong", "procmem", 8, "lat", rtt="half"))
+    cases.append(Case("floor", "memcpy", "memory", MIB, "bw", qps=64))
     return cases
 
 
@@ -702,7 +721,7 @@ QUICK = {
     "qperf": {("tcp_bw", 64 * KIB), ("tcp_bw", MIB), ("tcp_lat", 8), ("udp_lat", 8), ("udp_bw", 4 * KIB)},
     "ucx": {("ucp_put_bw", 8), ("ucp_put_lat", 8), ("ucp_get", 8), ("put_bw", MIB), ("ucp_put_bw", MIB)},
     "libfabric": {("fi_pingpong", 64)},
-    "floor": {("udp_pingpong", 8), ("udp_pingpong_rc", 8), ("memcpy", MIB)},
+    "floor": {("udp_pingpong", 8), ("udp_pingpong_rc", 8), ("memcpy", MIB), ("mem_pingpong", 8)},
 }
 QUICK_TRANSPORTS = {("ucx", "ucp_put_bw", MIB): "posix", ("ucx", "ucp_put_lat", 8): "tcp", ("ucx", "ucp_get", 8): "tcp",
                     ("ucx", "ucp_put_bw", 8): "tcp"}
@@ -723,7 +742,7 @@ def syscall_subset(c, quick):
     if quick:
         return c.variant == "default" and (c.test, c.size) in (("ib_write_lat", 8), ("ib_write_bw", 64 * KIB),
                                                                ("udp_pingpong", 8))
-    return c.size in (8, 64, 64 * KIB, MIB) and c.test != "memcpy"
+    return c.size in (8, 64, 64 * KIB, MIB) and c.test not in ("memcpy", "mem_pingpong")
 
 
 # ---------------------------------------------------------------------------------------------------- #
@@ -905,6 +924,15 @@ def table(cases, meta, tgts):
     if med(plain, "lat_us") and med(rc, "lat_us"):
         w(f"  (the RC pair's own floor, udp_pingpong_rc: {fmt(med(rc, 'lat_us'))} us = "
           f"{med(rc, 'lat_us') / med(plain, 'lat_us'):.2f}x the UDP floor, before any work of softrdma's)")
+    mem, shm = find(cases, "floor", "mem_pingpong", "procmem", 8), find(cases, "libfabric", "fi_pingpong", "shm", 64)
+    if med(mem, "lat_us") and med(shm, "lat_us"):
+        w(f"  (the same-host WRITE's own floor, mem_pingpong: {fmt(med(mem, 'lat_us'))} us = "
+          f"{med(mem, 'lat_us') / med(shm, 'lat_us'):.2f}x fi_pingpong shm 64 B: a pwrite on the peer's "
+          "/proc/<pid>/mem each way and nothing else)")
+    one, many = (find(cases, "floor", "memcpy", "memory", MIB, q) for q in (1, 64))
+    if med(one, "bw") and med(many, "bw"):
+        w(f"  (memcpy of 1 MiB from 64 pairs of buffers in turn, as 64 QPs' buffers: {fmt(med(many, 'bw') * 1e-9)} "
+          f"GB/s = {med(many, 'bw') / med(one, 'bw'):.2f}x from one pair)")
     for t in tgts:
         status = "MET" if t["met"] else ("missed" if t["met"] is not None else "n/a")
         if t["ratio"] is None:

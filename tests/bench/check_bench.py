@@ -56,6 +56,12 @@ for c in cases:
     if c["kind"] == "lat":
         check(c["latency_convention"] in ("half", "full"), f"{c['id']}: latency not labelled half/full")
 
+# The floors that bound the targets are printed beside them when they ran.
+for test, line in (("udp_pingpong_rc", "the RC pair's own floor"), ("mem_pingpong", "the same-host WRITE's own floor")):
+    floor = [c for c in cases if c["tool"] == "floor" and c["test"] == test]
+    if floor and floor[0]["summary"].get("lat_us", {}).get("median"):
+        check(line in table, f"table.txt lacks '{line}'")
+
 targets = doc["targets"]
 official = [t for t in targets if "opt-in" not in t["target"]]
 check(len(official) == 10, f"{len(official)} targets, issue 6 lists 10")

@@ -396,8 +396,10 @@ void ShmIo::scan_entries(OwnPort& o, uint64_t gen) {
     if (st == RingEntry::kReady) {
       const uint32_t epoch = e.epoch.load(std::memory_order_acquire);
       if (!active || r.epoch != epoch) {
-        if (!active)
+        if (!active) {
           populate(o.map + o.hdr->rings_offset + size_t{i} * o.hdr->ring_stride, o.hdr->ring_stride);
+          r.ring.touch();
+        }
         r.epoch = epoch;
         r.head.store(0, std::memory_order_relaxed);
         r.released = 0;

@@ -204,6 +204,7 @@ void Progress::run() {
       // A backend whose packets need no syscall (io/shm) rings this thread's epoll only when asked to (a
       // doorbell: a syscall for the sender too), and a nap does not ask. (Same-host ib_send_lat: one
       // doorbell per 4 iterations.)
+      ctx_->backend()->before_sleep();
       const uint32_t seq = ctx_->app_poll_seq();
       // (A watch request is taken only when it turns a nap into a watch: an answer is on its way.)
       const bool nap =
@@ -310,6 +311,7 @@ void Progress::run() {
     // runs; with naps it is 5 us. Other verbs calls do not count: over UC, ib_write_lat's application
     // posts, finds its completion at once, and spins on memory for the peer's WRITE, which waited for
     // each nap to end (133 us per iteration with naps of 200 us, and a tick with naps to the tick).
+    ctx_->backend()->before_sleep();
     const uint32_t calls_now = ctx_->app_poll_seq();
     const bool nap =
         !doorbells && !events_awaited() && calls_now != sleep_calls && !ctx_->take_watch_request();

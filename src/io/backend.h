@@ -70,6 +70,9 @@ class Backend : public TxSink {
   virtual bool arm_wakeup() { return false; }
   // Called by that receiver when it wakes up.
   virtual void woke() {}
+  // Called by the progress thread before each of its sleeps, outside the receive path's exclusion: slow
+  // preparation that need not hold up receiving (io/shm warms up the pages of a ring it began to read).
+  virtual void before_sleep() {}
   // Whether packets wake a sleeping receiver only after arm_wakeup (io/shm's doorbells).
   virtual bool wakes_by_doorbell() const { return false; }
   // A connected QP names its peer (control path): a backend may get ready to reach it now rather than at

@@ -62,6 +62,7 @@ struct ShmIo::OwnPort {
     Ring ring;
     uint32_t epoch = 0;
     std::atomic<bool> active{false};
+    std::atomic<bool> untouched{false};  // active, and touch_rings has not warmed its pages up yet
     std::atomic<uint64_t> head{0};  // next position to read (read by arm_wakeup from another thread)
     uint64_t released = 0;          // positions below this are given back to the producers
   };
@@ -398,7 +399,8 @@ void ShmIo::scan_entries(OwnPort& o, uint64_t gen) {
       if (!active || r.epoch != epoch) {
         if (!active) {
           populate(o.map + o.hdr->rings_offset + size_t{i} * o.hdr->ring_stride, o.hdr->ring_stride);
-          r.ring.touch();
+          r.untouched.store(true, std::memory_order_relaxed);
+          touch_pending_.store(true, std::memory_order_release);
         }
         r.epoch = epoch;
         r.head.store(0, std::memory_order_relaxed);
@@ -522,6 +524,17 @@ void ShmIo::set_sleeping() {
   for (uint32_t k = 0; k < n; ++k)
     if (own_[k].open.load(std::memory_order_acquire))
       own_[k].hdr->sleeping.store(1, std::memory_order_seq_cst);
+}
+
+void ShmIo::touch_rings() {
+  if (!touch_pending_.exchange(false, std::memory_order_acquire)) return;
+  const uint32_t n = n_own_.load(std::memory_order_acquire);
+  for (uint32_t k = 0; k < n; ++k) {
+    OwnPort& o = own_[k];
+    if (!o.open.load(std::memory_order_acquire)) continue;
+    for (OwnPort::RxRing& r : o.rx)
+      if (r.untouched.exchange(false, std::memory_order_relaxed)) r.ring.touch();
+  }
 }
 
 bool ShmIo::arm_wakeup() {

@@ -96,6 +96,7 @@ class ShmIo : public Backend {
   const wire::Gid& local_addr() const override { return udp_->local_addr(); }
   bool arm_wakeup() override;
   void woke() override { armed_.store(false, std::memory_order_relaxed); }
+  void before_sleep() override { touch_rings(); }
   bool wakes_by_doorbell() const override { return true; }
   // Also looks again at a peer it knows: a restarted process may have the port of a dead one.
   void prepare_peer(const wire::Endpoint& dst) override;
@@ -116,6 +117,9 @@ class ShmIo : public Backend {
   static int collect_garbage(const std::string& dir);
 
  private:
+  // Warms up the rings this process began to read (Ring::touch), once each; the progress thread calls it
+  // before it sleeps, so that the receive path is not held for the ~10 ms it takes.
+  void touch_rings();
   struct OwnPort;
   struct Peer;
   struct PeerSlot;
@@ -157,6 +161,7 @@ class ShmIo : public Backend {
   std::unique_ptr<OwnPort[]> own_;
   std::atomic<uint32_t> n_own_{0};
   std::atomic<bool> armed_{false};  // the receiver sleeps (between arm_wakeup and woke)
+  std::atomic<bool> touch_pending_{false};  // a ring began to be read and is not warmed up yet (touch_rings)
   bool drained_ = false;  // rx_drained (rx_burst's caller only)
   // rx_burst reads the UDP socket at most every kUdpPollGapNs until kRingsBusyNs after the rings last gave
   // a packet (rx_burst's caller only; CLOCK_MONOTONIC ns).

@@ -62,9 +62,9 @@ struct ShmIo::OwnPort {
     Ring ring;
     uint32_t epoch = 0;
     std::atomic<bool> active{false};
-    std::atomic<bool> untouched{false};  // active, and touch_rings has not warmed its pages up yet
-    std::atomic<uint64_t> head{0};  // next position to read (read by arm_wakeup from another thread)
-    uint64_t released = 0;          // positions below this are given back to the producers
+    std::atomic<bool> untouched{false};  // touch_rings has not warmed its pages up yet
+    std::atomic<uint64_t> head{0};       // next position to read (read by arm_wakeup from another thread)
+    uint64_t released = 0;               // positions below this are given back to the producers
   };
   uint16_t port = 0;
   std::atomic<bool> open{false};

@@ -161,7 +161,8 @@ class ShmIo : public Backend {
   std::unique_ptr<OwnPort[]> own_;
   std::atomic<uint32_t> n_own_{0};
   std::atomic<bool> armed_{false};  // the receiver sleeps (between arm_wakeup and woke)
-  std::atomic<bool> touch_pending_{false};  // a ring began to be read and is not warmed up yet (touch_rings)
+  // A ring began to be read and is not warmed up yet (touch_rings).
+  std::atomic<bool> touch_pending_{false};
   bool drained_ = false;  // rx_drained (rx_burst's caller only)
   // rx_burst reads the UDP socket at most every kUdpPollGapNs until kRingsBusyNs after the rings last gave
   // a packet (rx_burst's caller only; CLOCK_MONOTONIC ns).

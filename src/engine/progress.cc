@@ -112,10 +112,11 @@ void request_short_slice() {
 // 25 us in this VM (arming the timer, its interrupt, two context switches): 9% of the CPU at a nap per
 // 200 us. The price: an application that stops making verbs calls has its packets received up to a tick
 // later than kNapNs. Other sleeps keep the default slack (50 us): their ends are timers of the transport.
-// So do same-host contexts (io/shm), whose naps, with the two rules below that keep them napping, made
-// 8-byte same-host ib_send_lat faster in long runs (average 0.57-0.58 against 0.76-0.82 us) but left about
-// one run in ten of perftest's default 1,000 iterations at 2-4 us per iteration throughout: a startup
-// state that was not explained.
+// Same-host contexts (io/shm) nap so too, with the two rules below that keep them napping. They did not
+// while one run in ten of perftest's default 1,000 iterations ran at 2-4 us per iteration throughout, a
+// startup state later found to be the rings' first lap (ShmIo::touch_rings). Since: 8-byte same-host
+// ib_send_lat average 1.75-2.68 against 2.76-3.24 us (5,000 iterations, 99th percentile 15-19 against
+// 34-46), ib_atomic_lat 3.0-4.6 against 3.8-7.3, ib_send_bw 8 B 2.1-2.5 against 1.0-1.2 M/s.
 constexpr unsigned long kNapSlackNs = 4'000'000;
 
 // Sets the calling thread's timer slack for a nap or back to its default, with a syscall only on a change.
@@ -214,7 +215,7 @@ void Progress::run() {
       const bool pending = !nap && ctx_->backend()->arm_wakeup();
       const core::Nanos sleep_ns = pending ? 0 : nap ? kNapNs : kWatchBesideAppNs;
       wake_at_.store(pending ? 0 : now + sleep_ns, std::memory_order_seq_cst);
-      set_nap_slack(nap && !doorbells, nap_slack);
+      set_nap_slack(nap, nap_slack);
       count_sleep(nap);
       epoll_event evs[4];
       const timespec ts{0, static_cast<long>(sleep_ns)};
@@ -238,9 +239,8 @@ void Progress::run() {
       spin_seq = ctx_->app_poll_seq();
       // A nap that the application polled through leaves it marked as polling (its own mark needs a run
       // of 64 empty polls, which a same-host ping-pong's 1 us round trips never make): past the mark's
-      // 1 ms, the loop below slept watching for doorbells, and the peer rang one for each packet. Over
-      // sockets only (see kNapSlackNs).
-      if (nap && !doorbells && spin_seq != seq && !events_awaited())
+      // 1 ms, the loop below slept watching for doorbells, and the peer rang one for each packet.
+      if (nap && spin_seq != seq && !events_awaited())
         ctx_->set_app_driving(ctx_->now());
       continue;
     }
@@ -267,8 +267,7 @@ void Progress::run() {
       // taken. 8-byte ib_send_lat's progress threads were woken so 52,000 times a second, each time
       // preempting an application thread.) Not while an application waits for events (watch_until_):
       // rping polls after each event, then waits again, and 2,000 pings took 1.0-1.7 s instead of 0.6-0.75.
-      // Over sockets only (see kNapSlackNs).
-      if (!doorbells && !events_awaited()) {
+      if (!events_awaited()) {
         napping = true;
         nap_seq = seq - 1;
       }

@@ -4,7 +4,8 @@
 #include <sched.h>
 
 #include <cerrno>
-#include <ctime>
+
+#include "io/clock.h"
 
 namespace softrdma::io::shm {
 
@@ -58,24 +59,16 @@ ssize_t CopyHelper::finish(int* err) {
   return r;
 }
 
-namespace {
-CopyHelper::Nanos now_ns() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return static_cast<CopyHelper::Nanos>(t.tv_sec) * 1'000'000'000 + static_cast<CopyHelper::Nanos>(t.tv_nsec);
-}
-}  // namespace
-
 void CopyHelper::run() {
   uint32_t seen = 0;
   for (;;) {
     // Linger first: the next large op of a stream (ib_write_bw) comes a few microseconds after this one
     // ended, and from a sleep each job cost the poster a futex wake and waited for the helper's wake-up
     // (1 MiB in halves: median 20,171 against 23,604 MiB/s lingering; copy_helper.h).
-    const Nanos linger_end = now_ns() + kLingerNs;
+    const uint64_t linger_end = monotonic_ns() + kLingerNs;
     for (uint32_t spins = 1; gen_.load(std::memory_order_acquire) == seen; ++spins) {
       __builtin_ia32_pause();
-      if ((spins & 63) == 0 && now_ns() > linger_end) break;
+      if ((spins & 63) == 0 && monotonic_ns() > linger_end) break;
     }
     sleeping_.store(true, std::memory_order_seq_cst);
     gen_.wait(seen, std::memory_order_seq_cst);

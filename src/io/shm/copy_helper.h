@@ -35,8 +35,7 @@ inline ssize_t vm_copy(int pid, bool read, const iovec* local, unsigned long nlo
 class CopyHelper {
  public:
   static constexpr size_t kSplitMin = 1u << 20;
-  using Nanos = uint64_t;
-  static constexpr Nanos kLingerNs = 20'000;  // the helper's spin after a job (50 us: no better)
+  static constexpr uint64_t kLingerNs = 20'000;  // the helper's spin after a job (50 us: no better)
 
   CopyHelper() = default;
   ~CopyHelper();
@@ -66,7 +65,7 @@ class CopyHelper {
   std::atomic<bool> stop_{false};
   std::atomic<bool> sleeping_{false};  // the helper waits on gen_: a post wakes it
   std::atomic<uint64_t> jobs_run_{0};
-  Job job_;          // written by the poster before kPosted (release)
+  Job job_;             // written by the poster before kPosted (release)
   ssize_t result_ = 0;  // written by the helper before kDone (release)
   int err_ = 0;
   std::once_flag started_;

@@ -114,8 +114,8 @@ class Ring {
   // Consumer, once, when it starts reading the ring: an access to every slot's page, a write (an add of 0
   // to the slot's sequence word, atomic since the producer may store it meanwhile). Page tables filled by
   // madvise(MADV_POPULATE_WRITE) were not enough in a VM (PVM): the first access of each page still cost
-  // about 10 us, so the ring's first lap ran at 21-27 us per 8-byte ib_send_lat round trip instead of
-  // 2-3 (1,024 round trips: a SEND and an ACK each way).
+  // about 5 us (11 without the populate), so the ring's first lap ran at 21-27 us per 8-byte ib_send_lat
+  // round trip instead of 2-3 (1,024 round trips: a SEND and an ACK each way).
   void touch() {
     for (uint32_t i = 0; i < nslots_; ++i) slots_[i].seq.fetch_add(0, std::memory_order_relaxed);
   }

@@ -182,8 +182,19 @@ int client_socket(uint16_t port) {
   return fd;
 }
 
-// Prints a ping-pong client's line (see the top of the file) from its round trips.
-void print_half_rtt(size_t size, long iters, std::vector<double>& rtt_us, double total_s) {
+// Times kWarmup + iters round trips, each ping(i) then pong(i) (false when it failed, having said why on
+// stderr), and prints the client's line (see the top of the file). 1 when a round trip failed.
+template <class Ping, class Pong>
+int timed_round_trips(size_t size, long iters, Ping ping, Pong pong) {
+  std::vector<double> rtt_us;
+  rtt_us.reserve(static_cast<size_t>(iters));
+  const auto start = Clock::now();
+  for (long i = 0; i < kWarmup + iters; ++i) {
+    const auto t0 = Clock::now();
+    if (!ping(i) || !pong(i)) return 1;
+    if (i >= kWarmup) rtt_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+  }
+  const double total_s = std::chrono::duration<double>(Clock::now() - start).count();
   std::sort(rtt_us.begin(), rtt_us.end());
   double sum = 0;
   for (double r : rtt_us) sum += r;
@@ -191,6 +202,7 @@ void print_half_rtt(size_t size, long iters, std::vector<double>& rtt_us, double
       "size=%zu iters=%ld half_rtt_avg_us=%.3f half_rtt_median_us=%.3f half_rtt_min_us=%.3f seconds=%.3f\n",
       size, iters, sum / static_cast<double>(iters) / 2, rtt_us[rtt_us.size() / 2] / 2, rtt_us.front() / 2,
       total_s);
+  return 0;
 }
 
 // The client's ping-pong on `fd`: ping() sends one ping (false on an error other than ECONNREFUSED),
@@ -207,22 +219,20 @@ int ping_pong(int fd, uint16_t port, size_t size, long iters, Ping ping, Pong po
     }
     usleep(10000);
   }
-  std::vector<double> rtt_us;
-  rtt_us.reserve(static_cast<size_t>(iters));
-  const auto start = Clock::now();
-  for (long i = 0; i < kWarmup + iters; ++i) {
-    const auto t0 = Clock::now();
-    if (!ping()) die("send");
-    if (!pong(kReplyTimeout, false)) {
-      std::fprintf(stderr, "floor-bench: reply %ld lost\n", i);
-      return 1;
-    }
-    if (i >= kWarmup) rtt_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
-  }
-  const double total_s = std::chrono::duration<double>(Clock::now() - start).count();
+  const int rc = timed_round_trips(
+      size, iters,
+      [&](long) {
+        if (!ping()) die("send");
+        return true;
+      },
+      [&](long i) {
+        if (pong(kReplyTimeout, false)) return true;
+        std::fprintf(stderr, "floor-bench: reply %ld lost\n", i);
+        return false;
+      });
+  if (rc != 0) return rc;
   char stop = 0;
   send(fd, &stop, 0, 0);  // an empty datagram stops the server
-  print_half_rtt(size, iters, rtt_us, total_s);
   return 0;
 }
 
@@ -336,33 +346,27 @@ int mem_pingpong(size_t size, long iters) {
       if (!await_mark(i) || !write_mark(i)) _exit(1);
     _exit(0);
   }
-  std::vector<double> rtt_us;
-  rtt_us.reserve(static_cast<size_t>(iters));
-  const auto start = Clock::now();
-  bool ok = true;
-  for (long i = 0; i < total && ok; ++i) {
-    const auto t0 = Clock::now();
-    if (!write_mark(i)) {
-      std::fprintf(stderr, "floor-bench: pwrite %s: %s\n", path, std::strerror(errno));
-      ok = false;
-    } else if (!await_mark(i)) {
-      std::fprintf(stderr, "floor-bench: no answer to iteration %ld\n", i);
-      ok = false;
-    } else if (i >= kWarmup) {
-      rtt_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
-    }
-  }
-  const double total_s = std::chrono::duration<double>(Clock::now() - start).count();
-  if (!ok) kill(child, SIGKILL);
+  const int rc = timed_round_trips(
+      size, iters,
+      [&](long i) {
+        if (write_mark(i)) return true;
+        std::fprintf(stderr, "floor-bench: pwrite %s: %s\n", path, std::strerror(errno));
+        return false;
+      },
+      [&](long i) {
+        if (await_mark(i)) return true;
+        std::fprintf(stderr, "floor-bench: no answer to iteration %ld\n", i);
+        return false;
+      });
+  close(mem);
+  if (rc != 0) kill(child, SIGKILL);
   int status = 0;
   waitpid(child, &status, 0);
-  if (!ok) return 1;
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+  if (rc == 0 && (!WIFEXITED(status) || WEXITSTATUS(status) != 0)) {
     std::fprintf(stderr, "floor-bench: the echo process failed\n");
     return 1;
   }
-  print_half_rtt(size, iters, rtt_us, total_s);
-  return 0;
+  return rc;
 }
 
 int usage() {

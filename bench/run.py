@@ -16,8 +16,8 @@ Runs on this machine, every process on 127.0.0.1:
              ping-pong of what an RC WRITE ping-pong sends per half round trip (the WRITE and its ACK in one
              GSO send, received coalesced), with no work around it; at 8 B mem_pingpong, a ping-pong of
              pwrite calls on each other's /proc/<pid>/mem between two processes (a same-host one-sided WRITE
-             of 8 B with no work around it); and memcpy of 1 MiB from 64 pairs of buffers in turn (QPs column: 64), the working set of
-             64 QPs' buffers
+             of 8 B with no work around it); and memcpy of 1 MiB from 64 pairs of buffers in turn (QPs
+             column: 64), the working set of 64 QPs' buffers
 
 Every case runs --runs times (the cases interleaved, so that a change in the machine's load touches every
 tool alike) and each figure is the median with its min and max. Output (DIR, default BUILD/bench): table.txt
@@ -549,24 +549,15 @@ class Runner:
             raise Missing(f"{exe} not built (cmake --build {self.build} --target floor-bench)")
         if case.test == "memcpy":
             secs = 0.2 if self.quick else 1.0
-            p = Proc([exe, "memcpy", str(case.size), str(secs), str(case.qps)], self.env(),
-                     self.log(case, run, "memcpy"))
-            p.wait_exit(time.monotonic() + self.timeout) or p.kill()
-            p.reap()
-            vals = keyvals(p.output())
-            if p.rc != 0 or "bytes_per_sec" not in vals:
-                raise Missing(f"floor-bench memcpy exit {p.rc}: {tail(p.output())}")
+            p, vals = self.solo(case, run, [exe, "memcpy", str(case.size), str(secs), str(case.qps)], "memcpy",
+                                "bytes_per_sec")
             bw = float(vals["bytes_per_sec"])
             ops = int(vals["iters"])
             return {"bw": bw, "rate": bw / case.size, "ops": ops, "cpu_client_us": p.cpu_s * 1e6 / ops}
         iters = self.lat_iters(case.size) * (1 if self.quick or case.size > 64 else 10)
         if case.test == "mem_pingpong":
-            p = Proc([exe, "mem-pingpong", str(case.size), str(iters)], self.env(), self.log(case, run, "client"))
-            p.wait_exit(time.monotonic() + self.timeout) or p.kill()
-            p.reap()
-            vals = keyvals(p.output())
-            if p.rc != 0 or "half_rtt_avg_us" not in vals:
-                raise Missing(f"floor-bench mem-pingpong exit {p.rc}: {tail(p.output())}")
+            p, vals = self.solo(case, run, [exe, "mem-pingpong", str(case.size), str(iters)], "client",
+                                "half_rtt_avg_us")
             # Both processes' CPU time is the client's here (wait4 counts the reaped child).
             return {"lat_us": float(vals["half_rtt_avg_us"]), "lat_typical_us": float(vals["half_rtt_median_us"]),
                     "ops": iters, "cpu_client_us": p.cpu_s * 1e6 / iters}
@@ -580,6 +571,17 @@ class Runner:
         r = {"lat_us": float(vals["half_rtt_avg_us"]), "lat_typical_us": float(vals["half_rtt_median_us"]),
              "ops": iters}
         return self.finish(r, server, client)
+
+    def solo(self, case, run, argv, side, key):
+        """Runs one floor-bench process to its end: its Proc and key=values; Missing unless it exited 0 and
+        printed `key`."""
+        p = Proc(argv, self.env(), self.log(case, run, side))
+        p.wait_exit(time.monotonic() + self.timeout) or p.kill()
+        p.reap()
+        vals = keyvals(p.output())
+        if p.rc != 0 or key not in vals:
+            raise Missing(f"floor-bench {argv[1]} exit {p.rc}: {tail(p.output())}")
+        return p, vals
 
     def finish(self, r, server, client):
         ops = r.get("ops") or 0
@@ -696,8 +698,9 @@ def all_cases(socket_variant):
     # GSO send) with no work around it: the bound those targets meet first.
     cases.append(Case("floor", "udp_pingpong_rc", "udp", 8, "lat", rtt="half"))
     # The same-host targets' own bounds: a one-sided WRITE ping-pong that is one pwrite on the peer's
-    # /proc/<pid>/mem each way (softrdma's same-host WRITE of 8 B) and nothing else; and copying 1 MiB from 64 pairs of buffers in turn (the working set of 64 QPs'
-    # buffers, beyond the caches) against one pair, the bound of the 64-QP bandwidth target.
+    # /proc/<pid>/mem each way (softrdma's same-host WRITE of 8 B) and nothing else; and copying 1 MiB from
+    # 64 pairs of buffers in turn (the working set of 64 QPs' buffers, beyond the caches) against one pair,
+    # the bound of the 64-QP bandwidth target.
     cases.append(Case("floor", "mem_pingpong", "procmem", 8, "lat", rtt="half"))
     cases.append(Case("floor", "memcpy", "memory", MIB, "bw", qps=64))
     return cases

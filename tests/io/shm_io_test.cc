@@ -364,6 +364,31 @@ TEST(ShmIo, SleepingReceiverGetsOneDoorbellBusyOneGetsNone) {
   EXPECT_TRUE(b->io->arm_wakeup());
 }
 
+// The receiver warms a ring's pages up (before it sleeps) once the ring has carried a packet, and once:
+// a ring claimed by a peer that only ever goes one-sided costs it nothing.
+TEST(ShmIo, ARingIsWarmedUpOnceAfterItsFirstPacket) {
+  TempDir dir;
+  auto a = make_side(dir.path), b = make_side(dir.path);
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(a->io->reaches(b->ep()));  // claims a ring in b's port
+  RxPacket pkts[4];
+  EXPECT_EQ(b->io->rx_burst(pkts, 4), 0u);  // b starts reading it
+  b->io->before_sleep();
+  EXPECT_EQ(b->counters.get(Counter::shm_rings_warmed), 0u) << "a ring without packets was warmed up";
+  std::vector<uint8_t> payload(8, 1);
+  TxPacket p;
+  make_packet(p, *a, b->ep(), 1, payload);
+  a->io->tx_burst(std::span(&p, 1));
+  EXPECT_EQ(receive(*b, 1).size(), 1u);
+  b->io->before_sleep();
+  EXPECT_EQ(b->counters.get(Counter::shm_rings_warmed), 1u);
+  a->io->tx_burst(std::span(&p, 1));
+  EXPECT_EQ(receive(*b, 1).size(), 1u);
+  b->io->before_sleep();
+  EXPECT_EQ(b->counters.get(Counter::shm_rings_warmed), 1u) << "warmed up twice";
+  EXPECT_EQ(a->counters.get(Counter::shm_rings_warmed), 0u);
+}
+
 TEST(ShmIo, OffWhenNoPortFileAndOtherNamespacesAreNotFound) {
   TempDir dir;
   auto a = make_side(dir.path, 1111), b = make_side(dir.path, 2222), c = make_side(dir.path, 1111);

@@ -117,8 +117,8 @@ class ShmIo : public Backend {
   static int collect_garbage(const std::string& dir);
 
  private:
-  // Warms up the rings this process began to read (Ring::touch), once each; the progress thread calls it
-  // before it sleeps, so that the receive path is not held for the ~10 ms it takes.
+  // Warms up the rings this process reads that have carried a packet (Ring::touch), once each; the
+  // progress thread calls it before it sleeps, so that the receive path is not held for the ~10 ms it takes.
   void touch_rings();
   struct OwnPort;
   struct Peer;
@@ -161,7 +161,7 @@ class ShmIo : public Backend {
   std::unique_ptr<OwnPort[]> own_;
   std::atomic<uint32_t> n_own_{0};
   std::atomic<bool> armed_{false};  // the receiver sleeps (between arm_wakeup and woke)
-  // A ring began to be read and is not warmed up yet (touch_rings).
+  // A ring carried its first packets and is not warmed up yet (touch_rings).
   std::atomic<bool> touch_pending_{false};
   bool drained_ = false;  // rx_drained (rx_burst's caller only)
   // rx_burst reads the UDP socket at most every kUdpPollGapNs until kRingsBusyNs after the rings last gave

@@ -211,6 +211,20 @@ INSTANTIATE_TEST_SUITE_P(
 namespace softrdma::test {
 namespace {
 
+// Records the wake-ups a context asks of its progress thread (Context::set_kick) until stop().
+struct KickLog {
+  core::Context* ctx;
+  std::vector<Nanos> by;
+  explicit KickLog(core::Context* c) : ctx(c) {
+    ctx->set_kick([](void* v, Nanos t) { static_cast<KickLog*>(v)->by.push_back(t); }, this);
+  }
+  ~KickLog() { stop(); }
+  KickLog(const KickLog&) = delete;
+  KickLog& operator=(const KickLog&) = delete;
+  void stop() { ctx->set_kick(nullptr, nullptr); }
+  auto watches() const { return std::count(by.begin(), by.end(), core::Context::kKickWatch); }
+};
+
 // Standard mode: one socket at UDP 4791 per address carries every QP, and peers are addressed at 4791
 // (as kernel Soft-RoCE and hardware expect); QPNs no longer name a port.
 // The context's in-flight budget is shared by its RC QPs in RTS (and only by those).
@@ -334,13 +348,12 @@ TEST(Rc, AckOfAQpThatSendsGoesAfterItsNextRequest) {
   // No answer: the deadline. A sleeping progress thread is asked to wake if it would sleep well past it
   // (the application thread that received may not poll again).
   ops.clear();
-  std::vector<Nanos> kicks;
-  h.b.ctx->set_kick([](void* v, Nanos by) { static_cast<std::vector<Nanos>*>(v)->push_back(by); }, &kicks);
+  KickLog kicks(h.b.ctx.get());
   ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 16, 8, 5).remote(h.b, 16)), 0);
   b_receives();
   const Nanos due = g_now + core::Transport::kAckDeferNs;
-  EXPECT_EQ(kicks, (std::vector<Nanos>{due + core::Context::kLateAckNs}));
-  h.b.ctx->set_kick(nullptr, nullptr);
+  EXPECT_EQ(kicks.by, (std::vector<Nanos>{due + core::Context::kLateAckNs}));
+  kicks.stop();
   EXPECT_EQ(h.b.ctx->tick(h.b.tx, due - 1), due);
   EXPECT_EQ(ops, (Ops{write}));
   h.b.ctx->tick(h.b.tx, due);
@@ -425,21 +438,17 @@ void ping_pong(Harness& h) {
 
 TEST(Rc, AnAckThatComesWithoutTheAnswerAsksForAWatch) {
   Harness h;
-  std::vector<Nanos> kicks;
-  auto watch_kicks = [&] {
-    return std::count(kicks.begin(), kicks.end(), core::Context::kKickWatch);
-  };
   std::vector<Wc> wcs;
   // A stream: a's WRITEs, each ACKed at once by b (which never sent).
   for (uint32_t i = 0; i < 12; ++i)
     ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 8 * i, 8, i).remote(h.b, 8 * i)), 0);
-  h.a.ctx->set_kick([](void* v, Nanos by) { static_cast<std::vector<Nanos>*>(v)->push_back(by); }, &kicks);
+  KickLog kicks(h.a.ctx.get());
   ASSERT_TRUE(h.wait(h.a, h.a.scq, 12, &wcs));
-  EXPECT_EQ(watch_kicks(), 0);
+  EXPECT_EQ(kicks.watches(), 0);
   EXPECT_EQ(h.a.counters.get(Counter::answer_holds), 0u);
 
   ping_pong(h);
-  EXPECT_EQ(watch_kicks(), 0);
+  EXPECT_EQ(kicks.watches(), 0);
   EXPECT_FALSE(h.a.ctx->take_watch_request());
 
   // b's answer is late: its ACK goes alone at the deadline, and a, which receives it here as the progress
@@ -448,7 +457,7 @@ TEST(Rc, AnAckThatComesWithoutTheAnswerAsksForAWatch) {
   receives(h, h.b, __LINE__);
   h.b.ctx->tick(h.b.tx, g_now + core::Transport::kAckDeferNs);
   receives(h, h.a, __LINE__);
-  EXPECT_EQ(watch_kicks(), 1);
+  EXPECT_EQ(kicks.watches(), 1);
   EXPECT_TRUE(h.a.ctx->take_watch_request());
   EXPECT_FALSE(h.a.ctx->take_watch_request()) << "once";
   // The completion is held from polls for the answer, and released when the time is up.
@@ -468,12 +477,11 @@ TEST(Rc, AnAckThatComesWithoutTheAnswerAsksForAWatch) {
     receives(h, h.a, __LINE__);  // b's ACK, alone
   };
   answer_then_late_ack(500);
-  EXPECT_EQ(watch_kicks(), 1);
+  EXPECT_EQ(kicks.watches(), 1);
   g_now += core::Context::kWatchAskGapNs;
   answer_then_late_ack(600);
-  EXPECT_EQ(watch_kicks(), 2);
+  EXPECT_EQ(kicks.watches(), 2);
   EXPECT_TRUE(h.a.ctx->take_watch_request());
-  h.a.ctx->set_kick(nullptr, nullptr);
   EXPECT_EQ(h.a.counters.get(Counter::retransmits), 0u);
 }
 
@@ -482,13 +490,9 @@ TEST(Rc, AnAckThatComesWithoutTheAnswerAsksForAWatch) {
 // watch is asked for. Without an answer in time, the completion is returned then and the watch asked.
 TEST(Rc, ALoneAckOfAPingPongHoldsThePollForTheAnswer) {
   Harness h;
-  std::vector<Nanos> kicks;
-  auto watch_kicks = [&] {
-    return std::count(kicks.begin(), kicks.end(), core::Context::kKickWatch);
-  };
-  h.a.ctx->set_kick([](void* v, Nanos by) { static_cast<std::vector<Nanos>*>(v)->push_back(by); }, &kicks);
+  KickLog kicks(h.a.ctx.get());
   ping_pong(h);
-  EXPECT_EQ(watch_kicks(), 0);
+  EXPECT_EQ(kicks.watches(), 0);
 
   auto late_ack = [&](uint64_t id) {
     ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 8, 8, id).remote(h.b, 8)), 0);
@@ -500,7 +504,7 @@ TEST(Rc, ALoneAckOfAPingPongHoldsThePollForTheAnswer) {
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(h.a.poll(h.a.scq).empty()) << "held, poll " << i;
   EXPECT_EQ(h.a.counters.get(Counter::answer_holds), 1u);
   EXPECT_EQ(h.a.scq->pending(), 1u) << "the ACK was received, its completion is in the CQ";
-  EXPECT_EQ(watch_kicks(), 0);
+  EXPECT_EQ(kicks.watches(), 0);
   g_now += core::Context::kAnswerHoldNs - 1;
   EXPECT_TRUE(h.a.poll(h.a.scq).empty()) << "still held just before the end";
 
@@ -514,7 +518,7 @@ TEST(Rc, ALoneAckOfAPingPongHoldsThePollForTheAnswer) {
   EXPECT_EQ(got[0].status, WcStatus::kSuccess);
   EXPECT_TRUE(std::all_of(h.a.buf.begin() + 16, h.a.buf.begin() + 24, [](uint8_t v) { return v == 0x5A; }));
   EXPECT_EQ(h.a.counters.get(Counter::answer_holds_late), 0u);
-  EXPECT_EQ(watch_kicks(), 0);
+  EXPECT_EQ(kicks.watches(), 0);
 
   // No answer in time: the completion comes when the hold ends, and the progress thread is asked to watch.
   late_ack(500);
@@ -523,9 +527,8 @@ TEST(Rc, ALoneAckOfAPingPongHoldsThePollForTheAnswer) {
   ASSERT_EQ(h.a.poll(h.a.scq).size(), 1u);
   EXPECT_EQ(h.a.counters.get(Counter::answer_holds), 2u);
   EXPECT_EQ(h.a.counters.get(Counter::answer_holds_late), 1u);
-  EXPECT_EQ(watch_kicks(), 1);
+  EXPECT_EQ(kicks.watches(), 1);
   EXPECT_TRUE(h.a.ctx->take_watch_request());
-  h.a.ctx->set_kick(nullptr, nullptr);
   EXPECT_EQ(h.a.counters.get(Counter::retransmits), 0u);
 }
 

@@ -324,12 +324,11 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
       if (type == QpType::kRc) {
         Transport::request_came(*qp);
         qp->init().send_cq->release_hold();  // the answer came (kAnswerHoldNs)
+        if (n_touched < std::size(touched) && (n_touched == 0 || touched[n_touched - 1] != qp))
+          touched[n_touched++] = qp;
+        else if (n_touched == std::size(touched))
+          Transport::flush_ack(*qp, tx);
       }
-      if (type == QpType::kRc && n_touched < std::size(touched) &&
-          (n_touched == 0 || touched[n_touched - 1] != qp))
-        touched[n_touched++] = qp;
-      else if (type == QpType::kRc && n_touched == std::size(touched))
-        Transport::flush_ack(*qp, tx);
     } else {
       // What ACKs release goes out at the end of the burst, the packets of many QPs in one send call
       // (flushed after each ACK, 64 QPs x 1 MiB over UDP made 12 packets per sendmmsg against 1 QP's 23;

@@ -343,7 +343,7 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
         if (n_held == std::size(held)) {
           tx.flush();  // no room to remember it: as before (the held ones stay held until the end)
         } else if (n_held == 0 || held[n_held - 1] != qp) {
-          Transport::hold_tx(*qp, true);
+          Transport::hold_tx(*qp);
           held[n_held++] = qp;
         }
       } else {
@@ -380,7 +380,10 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
   tx.flush();
   for (uint32_t i = 0; i < n_held; ++i) {
     std::lock_guard g(held[i]->lock());
-    Transport::hold_tx(*held[i], false);
+    if (Transport::release_tx(*held[i], tx, now)) {
+      tx.flush();  // before the lock goes: a post after it would send at once
+      store_deadline(*held[i]);
+    }
   }
   if (answer_late) ask_watch(now);
   driver_gen_.fetch_add(1, std::memory_order_acq_rel);  // even: idle
@@ -410,7 +413,8 @@ Nanos Context::tick(io::TxBatch& tx, Nanos now) {
 
 namespace {
 // The QPs whose posts this thread left queued (Context::corked), of one context at a time. A QP that
-// does not fit, or that another thread polls for, is sent by the next ACK (RC) or its cork timer (UC/UD).
+// does not fit, or that another thread polls for, is sent by the next ACK or the release of a driver's
+// hold (RC: Transport::release_tx), or by its cork timer (UC/UD).
 struct CorkedList {
   const Context* ctx = nullptr;
   uint32_t n = 0;

@@ -172,7 +172,9 @@ int Qp::post_send(std::span<const SendWr> wrs, size_t* bad) {
   // With packets already on the wire (RC), what is posted waits: the posting thread sends it at its next
   // poll of an empty CQ (Context::corked), or the next ACK that makes progress does (the completer runs
   // the requester then), whichever comes first, for every WQE queued meanwhile in one batch. An ACK is
-  // sure to come, or the retransmit timer (armed while packets are out) to fire. perftest's ib_write_bw
+  // sure to come, or the retransmit timer (armed while packets are out) to fire. A QP held by a driver's
+  // burst (tx_held_) may have nothing out: the driver sends what was posted meanwhile when it releases
+  // the QP (Transport::release_tx). perftest's ib_write_bw
   // posts 100 WRs between polls (one completion per 100): with 16 packets allowed out before corking,
   // those 16 went one send call each. Measured, 8-byte ib_write_bw over UDP, 2 runs each: 16 in flight
   // 0.80-0.88 M/s, 2 in flight 1.48-1.52, 1 in flight 1.53-1.58 (8 QPs: 1.10 -> 2.2-2.3 M/s). A

@@ -245,7 +245,7 @@ class Qp {
   uint32_t send_cq_polls_ = ~0u;
   bool may_direct_ = false;
   bool shared_direct_ = false;
-  bool corked_ = false;  // WRs wait in the send queue, and this QP is on a thread's list (Context::corked)
+  bool corked_ = false;  // WRs wait in the send queue (post_send; on the poster's list if it had room)
   bool tx_held_ = false;  // packets of this QP may wait in a driver's batch (Transport::hold_tx)
   uint32_t posts_since_poll_ = 0;  // post_send calls since the send CQ was last polled (UC/UD corking)
 

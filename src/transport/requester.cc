@@ -99,6 +99,14 @@ void Transport::advance_psn(Qp& qp, uint32_t next) {
   req.psn = next;
 }
 
+bool Transport::release_tx(Qp& qp, io::TxBatch& tx, Nanos now) {
+  qp.tx_held_ = false;
+  if (!qp.corked_) return false;
+  requester(qp, tx, now);
+  send_answered_ack(qp, tx);  // after the requests, as a post sends it (Transport::end_burst)
+  return true;
+}
+
 void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
   qp.corked_ = false;  // what a post left queued goes now (or waits for the window, and then an ACK)
   qp.req_.cork_deadline = 0;

@@ -53,7 +53,12 @@ class Transport {
   // for the packets of many QPs); until then a post on another thread must not send this QP's later
   // packets ahead of them (the peer would NAK the gap), so it waits as behind packets in flight
   // (Qp::post_send). Under the QP's lock.
-  static void hold_tx(Qp& qp, bool on) { qp.tx_held_ = on; }
+  static void hold_tx(Qp& qp) { qp.tx_held_ = true; }
+  // Ends the hold, once the batch is sent: what was posted meanwhile goes into `tx` now; the caller sends
+  // it before the QP's lock goes. Returns whether the requester ran. Nothing else is sure to send such a
+  // post: its QP may have no packet out (no ACK to come, no timer armed), and its poster's list of
+  // corked QPs (Context::corked) may have had no room for it.
+  static bool release_tx(Qp& qp, io::TxBatch& tx, Nanos now);
   // Expired timers; returns the QP's next deadline (0 = none).
   static Nanos timers(Qp& qp, io::TxBatch& tx, Nanos now);
   // qp_state.cc

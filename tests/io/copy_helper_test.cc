@@ -216,7 +216,29 @@ TEST(CopyHelper, ASplitWriteWhoseFirstHalfFailsLeavesTheLastByte) {
   ASSERT_EQ(mprotect(hole, 4096, PROT_READ | PROT_WRITE), 0);
   EXPECT_LT(rc, 0) << "a page of the target could not be written";
   EXPECT_EQ(tm.mem.back(), 0) << "the last byte landed although the WRITE did not";
-  EXPECT_EQ(tm.mem[CopyHelper::kSplitMin / 2 + 4096], 0x5A) << "the second half's body goes meanwhile";
+  bool own_tables;
+  const size_t split =
+      split_point(reinterpret_cast<uint64_t>(tm.mem.data()), CopyHelper::kSplitMin, &own_tables);
+  EXPECT_EQ(tm.mem[split + 4096], 0x5A) << "the second part's body goes meanwhile";
+}
+
+// A split copy divides at a 2 MiB boundary of the peer's address space that lies in the middle half of its
+// range (each thread then pins pages of its own page table), else in the middle.
+TEST(CopyHelper, ASplitDividesAtAPageTableBoundaryInItsMiddleHalf) {
+  constexpr uint64_t M = 1u << 20, T = 2u << 20;
+  bool own = false;
+  EXPECT_EQ(split_point(5 * T - M / 2, M, &own), M / 2);  // the boundary in the middle
+  EXPECT_TRUE(own);
+  EXPECT_EQ(split_point(5 * T - M / 4, M, &own), M / 4);  // at a quarter: still in the middle half
+  EXPECT_TRUE(own);
+  EXPECT_EQ(split_point(5 * T - 3 * M / 4, M, &own), 3 * M / 4);
+  EXPECT_TRUE(own);
+  EXPECT_EQ(split_point(5 * T - M / 8, M, &own), M / 2);  // too near an end: the middle
+  EXPECT_FALSE(own);
+  EXPECT_EQ(split_point(5 * T + 4096, M, &own), M / 2);  // no boundary in the range
+  EXPECT_FALSE(own);
+  EXPECT_EQ(split_point(5 * T - M - 100, 3 * M, &own), M + 100);
+  EXPECT_TRUE(own);
 }
 
 }  // namespace

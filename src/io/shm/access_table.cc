@@ -263,17 +263,18 @@ int AccessTable::direct(void* map, size_t len, int pid, const DirectOp& op, Peer
           auto refused = [](ssize_t r, int err) {
             return r < 0 && (err == EPERM || err == ENOSYS || err == ESRCH);
           };
-          const size_t half = op.length / 2;
+          bool own_tables = false;
+          const size_t half = split_point(at, op.length, &own_tables);  // the helper's part
           auto* const data = static_cast<uint8_t*>(local[0].iov_base);
           if (helper && op.nseg == 1 && op.length >= CopyHelper::kSplitMin &&
-              helper->post(pid, op.read, {data, half}, {reinterpret_cast<void*>(at), half})) {
+              helper->post(pid, op.read, {data, half}, {reinterpret_cast<void*>(at), half}, !own_tables)) {
             // Two halves at once (copy_helper.h): the first on the helper thread, the second here but for
             // its last bytes, which go once both halves are in. An application that polls the last byte
             // of a WRITE's target (ib_write_lat does; NICs and rxe place a message's bytes in order) then
             // finds the rest there when it sees that byte change.
             const size_t body = op.length - half - kLastBytes;
             const iovec lb{data + half, body}, rb{reinterpret_cast<void*>(at + half), body};
-            const ssize_t r1 = vm_copy(pid, op.read, &lb, 1, rb);
+            const ssize_t r1 = vm_copy_part(pid, op.read, lb, rb, !own_tables);
             const int err1 = errno;
             int err2 = 0;
             const ssize_t r2 = helper->finish(&err2);

@@ -17,7 +17,7 @@ CopyHelper::~CopyHelper() {
   pthread_join(thread_, nullptr);
 }
 
-bool CopyHelper::post(int pid, bool read, const iovec& local, const iovec& remote) {
+bool CopyHelper::post(int pid, bool read, const iovec& local, const iovec& remote, bool chunked) {
   uint32_t idle = kIdle;
   if (!state_.compare_exchange_strong(idle, kPosting, std::memory_order_acquire)) return false;
   std::call_once(started_, [this] {
@@ -31,7 +31,7 @@ bool CopyHelper::post(int pid, bool read, const iovec& local, const iovec& remot
       running_.store(true, std::memory_order_release);
     }
   });
-  job_ = {pid, read, local, remote};
+  job_ = {pid, read, local, remote, chunked};
   state_.store(kPosted, std::memory_order_release);
   gen_.fetch_add(1, std::memory_order_seq_cst);
   if (sleeping_.load(std::memory_order_seq_cst)) gen_.notify_one();
@@ -42,7 +42,7 @@ ssize_t CopyHelper::finish(int* err) {
   uint32_t s = kPosted;
   ssize_t r;
   if (state_.compare_exchange_strong(s, kPosting, std::memory_order_acq_rel)) {
-    r = vm_copy(job_.pid, job_.read, &job_.local, 1, job_.remote);  // not taken up yet: done here
+    r = vm_copy_part(job_.pid, job_.read, job_.local, job_.remote, job_.chunked);  // not taken up: done here
     *err = r < 0 ? errno : 0;
   } else {
     // The helper runs it now, on another CPU as a rule; on a busy machine it may have lost that CPU.
@@ -77,7 +77,7 @@ void CopyHelper::run() {
     if (stop_.load(std::memory_order_acquire)) return;
     uint32_t s = kPosted;
     if (!state_.compare_exchange_strong(s, kRunning, std::memory_order_acq_rel)) continue;  // taken back
-    const ssize_t r = vm_copy(job_.pid, job_.read, &job_.local, 1, job_.remote);
+    const ssize_t r = vm_copy_part(job_.pid, job_.read, job_.local, job_.remote, job_.chunked);
     err_ = r < 0 ? errno : 0;
     result_ = r;
     jobs_run_.fetch_add(1, std::memory_order_relaxed);

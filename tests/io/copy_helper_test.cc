@@ -222,6 +222,22 @@ TEST(CopyHelper, ASplitWriteWhoseFirstHalfFailsLeavesTheLastByte) {
   EXPECT_EQ(tm.mem[split + 4096], 0x5A) << "the second part's body goes meanwhile";
 }
 
+// A part given as 64 KiB pieces moves every byte, both ways: shorter than a piece, a whole number of
+// pieces, and longer than the 64 pieces (the last takes the rest).
+TEST(CopyHelper, AChunkedPartMovesEveryByte) {
+  for (size_t len : {size_t{1000}, size_t{256} << 10, (size_t{5} << 20) + 123}) {
+    SCOPED_TRACE(len);
+    std::vector<uint8_t> src = pattern(len, 9), dst(len, 0);
+    const iovec l{src.data(), len}, r{dst.data(), len};
+    EXPECT_EQ(vm_copy_part(getpid(), false, l, r, true), static_cast<ssize_t>(len));
+    EXPECT_EQ(dst, src);
+    std::vector<uint8_t> back(len, 0);
+    const iovec lb{back.data(), len};
+    EXPECT_EQ(vm_copy_part(getpid(), true, lb, r, true), static_cast<ssize_t>(len));
+    EXPECT_EQ(back, src);
+  }
+}
+
 // A split copy divides at a 2 MiB boundary of the peer's address space that lies in the middle half of its
 // range (each thread then pins pages of its own page table), else in the middle.
 TEST(CopyHelper, ASplitDividesAtAPageTableBoundaryInItsMiddleHalf) {

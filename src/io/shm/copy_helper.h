@@ -19,7 +19,6 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -28,9 +27,13 @@
 namespace softrdma::io::shm {
 
 // process_vm_readv (read: from `remote` in process `pid` into `local`) or process_vm_writev.
+inline ssize_t vm_copy(int pid, bool read, const iovec* local, unsigned long nlocal, const iovec* remote,
+                       unsigned long nremote) {
+  return read ? process_vm_readv(pid, local, nlocal, remote, nremote, 0)
+              : process_vm_writev(pid, local, nlocal, remote, nremote, 0);
+}
 inline ssize_t vm_copy(int pid, bool read, const iovec* local, unsigned long nlocal, const iovec& remote) {
-  return read ? process_vm_readv(pid, local, nlocal, &remote, 1, 0)
-              : process_vm_writev(pid, local, nlocal, &remote, 1, 0);
+  return vm_copy(pid, read, local, nlocal, &remote, 1);
 }
 
 // One part of a split copy (below). `chunked`: the remote range goes as 64 KiB iovecs in the one call, so
@@ -38,15 +41,14 @@ inline ssize_t vm_copy(int pid, bool read, const iovec* local, unsigned long nlo
 // any) and two threads pinning pages of one page table meet on its lock less often.
 inline ssize_t vm_copy_part(int pid, bool read, const iovec& local, const iovec& remote, bool chunked) {
   if (!chunked) return vm_copy(pid, read, &local, 1, remote);
-  constexpr size_t kChunk = 64u << 10, kMax = 64;
+  constexpr size_t kChunk = 64u << 10, kMax = 64;  // the last piece takes what 63 leave
+  auto* const base = static_cast<uint8_t*>(remote.iov_base);
   iovec r[kMax];
   unsigned long n = 0;
-  for (size_t off = 0; off < remote.iov_len; off += kChunk) {
-    const size_t len = n + 1 == kMax ? remote.iov_len - off : std::min(kChunk, remote.iov_len - off);
-    r[n++] = {static_cast<uint8_t*>(remote.iov_base) + off, len};
-    if (n == kMax) break;
-  }
-  return read ? process_vm_readv(pid, &local, 1, r, n, 0) : process_vm_writev(pid, &local, 1, r, n, 0);
+  size_t off = 0;
+  for (; n + 1 < kMax && remote.iov_len - off > kChunk; off += kChunk) r[n++] = {base + off, kChunk};
+  r[n++] = {base + off, remote.iov_len - off};
+  return vm_copy(pid, read, &local, 1, r, n);
 }
 
 // Where a split copy of `len` bytes at the peer's address `at` divides, as an offset: at a 2 MiB boundary

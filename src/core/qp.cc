@@ -19,9 +19,7 @@ bool needs_local_write(WrOpcode op) {
 // Runs the requester on what is queued, sends it, and publishes the QP's next timer deadline.
 void run_requester(Qp& qp) {
   tls_tx.sink = qp.ctx()->backend();
-  Transport::requester(qp, tls_tx, qp.ctx()->now());
-  // A deferred ACK goes after the requests (Transport::end_burst).
-  if (qp.type() == QpType::kRc) Transport::send_answered_ack(qp, tls_tx);
+  Transport::send_posted(qp, tls_tx, qp.ctx()->now());
   tls_tx.flush();
   qp.publish_deadline();
 }

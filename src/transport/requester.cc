@@ -102,9 +102,13 @@ void Transport::advance_psn(Qp& qp, uint32_t next) {
 bool Transport::release_tx(Qp& qp, io::TxBatch& tx, Nanos now) {
   qp.tx_held_ = false;
   if (!qp.corked_) return false;
-  requester(qp, tx, now);
-  send_answered_ack(qp, tx);  // after the requests, as a post sends it (Transport::end_burst)
+  send_posted(qp, tx, now);
   return true;
+}
+
+void Transport::send_posted(Qp& qp, io::TxBatch& tx, Nanos now) {
+  requester(qp, tx, now);
+  if (qp.type() == QpType::kRc) send_answered_ack(qp, tx);
 }
 
 void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {

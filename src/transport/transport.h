@@ -30,6 +30,8 @@ class Transport {
     if (qp.resp_.ack_pending) qp.resp_.acks_expired = 0;
     flush_ack(qp, tx);
   }
+  // What was posted goes into `tx` (the requester), then, on RC, the ACK deferred to a post (end_burst).
+  static void send_posted(Qp& qp, io::TxBatch& tx, Nanos now);
   // At the end of a receive burst: sends the coalesced ACK, or defers it to the QP's next post, for
   // kAckDeferNs at most (responder.cc).
   // Returns the deadline it armed (0: none new).

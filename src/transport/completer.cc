@@ -1,5 +1,6 @@
 // The completer: matches ACKs, NAKs, READ responses and ATOMIC ACKs to send WQEs, runs the retransmit and
 // RNR timers, and writes send completions in order (IBTA.md 3, 4, 5 "Requester handling of responses").
+#include <algorithm>
 #include <cstring>
 
 #include "core/context.h"
@@ -279,12 +280,15 @@ bool Transport::ack_came_alone(Qp& qp, uint64_t completed_before) {
 Nanos Transport::timers(Qp& qp, io::TxBatch& tx, Nanos now) {
   CompState& comp = qp.comp_;
   if (qp.resp_.ack_deadline && now >= qp.resp_.ack_deadline) {
-    // No answer came in time: twice in a row, and the next kAckBackoff ACKs go at once.
-    if (qp.resp_.ack_pending) {
+    // No answer came in time: twice in a row, and the next ACKs go at once, more of them each time
+    // (kAckBackoffMin, ...Max).
+    RespState& r = qp.resp_;
+    if (r.ack_pending) {
       qp.ctx()->counters().add(Counter::acks_deferred_late);
-      if (++qp.resp_.acks_expired >= 2) {
-        qp.resp_.acks_expired = 0;
-        qp.resp_.acks_undeferred = kAckBackoff;
+      if (++r.acks_expired >= 2) {
+        r.acks_expired = 0;
+        r.acks_undeferred = r.ack_backoff;
+        r.ack_backoff = std::min(r.ack_backoff * 2, kAckBackoffMax);
       }
     }
     flush_ack(qp, tx);  // clears the deadline

@@ -27,7 +27,10 @@ class Transport {
   static void flush_ack(Qp& qp, io::TxBatch& tx);
   // A post sends the ACK it was deferred to (after its own packets): an answer came in time.
   static void send_answered_ack(Qp& qp, io::TxBatch& tx) {
-    if (qp.resp_.ack_pending) qp.resp_.acks_expired = 0;
+    if (qp.resp_.ack_pending) {
+      qp.resp_.acks_expired = 0;
+      qp.resp_.ack_backoff = kAckBackoffMin;
+    }
     flush_ack(qp, tx);
   }
   // What was posted goes into `tx` (the requester), then, on RC, the ACK deferred to a post (end_burst).
@@ -37,7 +40,10 @@ class Transport {
   // Returns the deadline it armed (0: none new).
   static Nanos end_burst(Qp& qp, io::TxBatch& tx, Nanos now);
   static constexpr Nanos kAckDeferNs = 20'000;
-  static constexpr uint32_t kAckBackoff = 64;
+  // ACKs sent at once after two deferred ones in a row went by their deadline: kAckBackoffMin the first
+  // time, twice as many each time after, up to kAckBackoffMax, until an answer comes in time again.
+  static constexpr uint32_t kAckBackoffMin = 4;
+  static constexpr uint32_t kAckBackoffMax = 64;
   // completer.cc (a response packet for this QP)
   static void completer(Qp& qp, wire::PacketView pkt, io::TxBatch& tx, Nanos now);
   // For Context::rx_burst, on an RC QP: a request of the peer's came; an ACK came (completed_before:
@@ -45,7 +51,7 @@ class Transport {
   // post and it, on a QP of a ping-pong: kPingPongAcks such ACKs came behind one (a peer that defers its
   // ACKs to its answers, end_burst), and fewer than kAloneAcks alone since. The peer's answer comes
   // after this ACK (Context::kKickWatch): its ACK went by the deadline, or it acknowledges at once for a
-  // while after two did (kAckBackoff).
+  // while after two did (kAckBackoffMin).
   static void request_came(Qp& qp) { qp.comp_.request_since_post = true; }
   static uint64_t completed(const Qp& qp) { return qp.comp_.wqe; }
   static bool ack_came_alone(Qp& qp, uint64_t completed_before);

@@ -151,7 +151,7 @@ struct RespState {
   Nanos ack_deadline = 0;  // a deferred ACK goes by then at the latest (0 = none)
   uint32_t acks_undeferred = 0;  // after deferred ACKs went by their deadline: ACKs left to send at once
   uint32_t acks_expired = 0;     // deferred ACKs in a row that went by their deadline
-  uint32_t ack_backoff = 4;      // the next acks_undeferred (Transport::kAckBackoffMin, doubled up to ...Max)
+  uint32_t ack_backoffs = 0;     // runs of acks_undeferred since an answer came in time (Transport::timers)
   std::vector<RespResource> res;
   uint32_t res_next = 0;
 };

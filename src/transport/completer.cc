@@ -287,8 +287,8 @@ Nanos Transport::timers(Qp& qp, io::TxBatch& tx, Nanos now) {
       qp.ctx()->counters().add(Counter::acks_deferred_late);
       if (++r.acks_expired >= 2) {
         r.acks_expired = 0;
-        r.acks_undeferred = r.ack_backoff;
-        r.ack_backoff = std::min(r.ack_backoff * 2, kAckBackoffMax);
+        r.acks_undeferred = std::min(kAckBackoffMin << r.ack_backoffs, kAckBackoffMax);
+        if (r.acks_undeferred < kAckBackoffMax) ++r.ack_backoffs;
       }
     }
     flush_ack(qp, tx);  // clears the deadline

@@ -29,7 +29,7 @@ class Transport {
   static void send_answered_ack(Qp& qp, io::TxBatch& tx) {
     if (qp.resp_.ack_pending) {
       qp.resp_.acks_expired = 0;
-      qp.resp_.ack_backoff = kAckBackoffMin;
+      qp.resp_.ack_backoffs = 0;
     }
     flush_ack(qp, tx);
   }

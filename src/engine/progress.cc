@@ -212,6 +212,7 @@ void Progress::run() {
           napping && seq != nap_seq && (doorbells || !packets_found_) && !ctx_->take_watch_request();
       nap_seq = seq;
       napping = true;
+      if (nap) ctx_->backend()->nap();
       const bool pending = !nap && ctx_->backend()->arm_wakeup();
       const core::Nanos sleep_ns = pending ? 0 : nap ? kNapNs : kWatchBesideAppNs;
       wake_at_.store(pending ? 0 : now + sleep_ns, std::memory_order_seq_cst);
@@ -315,9 +316,12 @@ void Progress::run() {
     const bool nap =
         !doorbells && !events_awaited() && calls_now != sleep_calls && !ctx_->take_watch_request();
     sleep_calls = calls_now;
-    if (nap)
+    if (nap) {
+      ctx_->backend()->nap();
       sleep_ns = std::min(sleep_ns, kNapNs);
-    else if (ctx_->backend()->arm_wakeup()) sleep_ns = 0;  // something came before the doorbell was asked for
+    } else if (ctx_->backend()->arm_wakeup()) {
+      sleep_ns = 0;  // something came before the doorbell was asked for
+    }
     // Another thread is driving (the application, in a poll): it runs the timers that are due and reads
     // the sockets once more when it is done (hand_over). Sleeping 0 for a due timer here was a spin, and
     // on the application's CPU one that kept it off until the scheduler's next tick: both progress threads

@@ -70,6 +70,10 @@ class Backend : public TxSink {
   virtual bool arm_wakeup() { return false; }
   // Called by that receiver when it wakes up.
   virtual void woke() {}
+  // Called by a receiver that is about to nap: sleep without watching poll_fd(), while an application
+  // receives in its polls. Until the next arm_wakeup, poll_fd() need not become readable (io/udp takes its
+  // sockets out of epoll meanwhile). Thread-safe beside rx_burst and tx_burst.
+  virtual void nap() {}
   // Called by the progress thread before each of its sleeps, outside the receive path's exclusion: slow
   // preparation that need not hold up receiving (io/shm warms up the pages of a ring it began to read).
   virtual void before_sleep() {}

@@ -341,6 +341,60 @@ TEST(UdpIoTest, PollFdSignalsData) {
   EXPECT_EQ(poll(&pfd, 1, 0), 0);
 }
 
+// While the receiver naps, datagrams do not make poll_fd() readable (its sockets are out of epoll: no
+// wake-up callbacks for their senders); arm_wakeup() brings them back, with what came meanwhile.
+TEST(UdpIoTest, NapTakesTheSocketsOutOfPollFdUntilArmWakeup) {
+  auto a = make_peer("127.0.0.1");
+  auto b = make_peer("127.0.0.1");
+  ASSERT_TRUE(a && b);
+  pollfd pfd{b->io->poll_fd(), POLLIN, 0};
+  auto send_one = [&](uint32_t psn, const wire::Endpoint& dst) {
+    TxPacket p;
+    fill_header(p, psn, 12, 0);
+    p.src = a->ep();
+    p.dst = dst;
+    a->io->tx_burst(std::span<TxPacket>(&p, 1));
+  };
+  b->io->nap();
+  b->io->nap();  // twice is once
+  send_one(1, b->ep());
+  EXPECT_EQ(poll(&pfd, 1, 100), 0);
+  // A port opened during the nap stays out too.
+  auto late = b->io->open_port(0);
+  ASSERT_TRUE(late.has_value());
+  send_one(2, wire::Endpoint{b->io->local_addr(), *late});
+  EXPECT_EQ(poll(&pfd, 1, 100), 0);
+  // rx_burst still reads them (the application receives during a nap).
+  EXPECT_EQ(receive(*b->io, 2).size(), 2u);
+
+  send_one(3, b->ep());
+  send_one(4, wire::Endpoint{b->io->local_addr(), *late});
+  EXPECT_EQ(poll(&pfd, 1, 100), 0);
+  EXPECT_FALSE(b->io->arm_wakeup());  // epoll itself reports what is queued
+  EXPECT_EQ(poll(&pfd, 1, 2000), 1);
+  EXPECT_EQ(receive(*b->io, 2).size(), 2u);
+  EXPECT_EQ(poll(&pfd, 1, 0), 0);
+  send_one(5, wire::Endpoint{b->io->local_addr(), *late});
+  EXPECT_EQ(poll(&pfd, 1, 2000), 1);
+  EXPECT_EQ(receive(*b->io, 1).size(), 1u);
+}
+
+// With more sockets than rx_burst tries one by one, they stay in epoll through a nap: rx_burst asks it.
+TEST(UdpIoTest, ManySocketsStayInPollFdThroughANap) {
+  auto a = make_peer("127.0.0.1");
+  auto b = make_peer("127.0.0.1", UdpIo::kDirectRecvMaxSockets + 1);
+  ASSERT_TRUE(a && b);
+  b->io->nap();
+  TxPacket p;
+  fill_header(p, 7, 12, 0);
+  p.src = a->ep();
+  p.dst = b->ep(UdpIo::kDirectRecvMaxSockets);
+  a->io->tx_burst(std::span<TxPacket>(&p, 1));
+  pollfd pfd{b->io->poll_fd(), POLLIN, 0};
+  EXPECT_EQ(poll(&pfd, 1, 2000), 1);
+  EXPECT_EQ(receive(*b->io, 1, 200).size(), 1u);
+}
+
 TEST(UdpIoTest, TxDropsWhatItCannotSend) {
   auto a = make_peer("127.0.0.1", 2);
   auto b = make_peer("127.0.0.1");

@@ -94,6 +94,7 @@ struct UdpIo::Socket {
   uint32_t n_msgs = 0, next_msg = 0, next_off = 0;
   uint32_t filled = 0;  // messages the last recvmmsg filled (their lengths and flags need setting back)
   bool idle = false;    // the last recvmmsg found nothing
+  bool in_epoll = false;  // registered in epfd_ (UdpIo::sync_epoll; under ctl_mu_)
   // The kernel's count of datagrams this socket dropped for want of buffer space (SO_RXQ_OVFL), as last seen.
   uint32_t overflows = 0;
   std::unique_ptr<uint8_t[]> bufs;  // kRxBatch x kRxBufSize
@@ -232,23 +233,52 @@ std::expected<uint16_t, int> UdpIo::open_port(uint16_t port) {
     rearm_rx(h);
   }
 
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.ptr = s.get();
-  if (epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) != 0) return fail(errno);
-
   // Senders and the receiver read the slots without a lock; a slot, once filled, is never reused.
   std::lock_guard lock(ctl_mu_);
   const uint32_t n = nslots_.load(std::memory_order_relaxed);
-  if (n == kMaxSockets) {
-    epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
-    return fail(ENOSPC);
-  }
+  if (n == kMaxSockets) return fail(ENOSPC);
   if (ip_fields_) report_ip_fields(fd);
-  slots_[n].store(s.get(), std::memory_order_release);
+  Socket* const added = s.get();
+  slots_[n].store(added, std::memory_order_release);
   nslots_.store(n + 1, std::memory_order_release);
   owned_.push_back(std::move(s));
+  if (int err = sync_epoll(watched_.load(std::memory_order_relaxed))) {
+    slots_[n].store(nullptr, std::memory_order_release);  // as a closed port: the fd goes with the UdpIo
+    if (added->in_epoll) epoll_ctl(epfd_, EPOLL_CTL_DEL, added->fd, nullptr);
+    return std::unexpected(err);
+  }
   return bound_port;
+}
+
+bool UdpIo::arm_wakeup() {
+  set_watched(true);
+  return false;  // a socket added to epfd_ with data queued makes it readable at once
+}
+
+void UdpIo::nap() { set_watched(false); }
+
+void UdpIo::set_watched(bool on) {
+  if (watched_.load(std::memory_order_relaxed) == on) return;
+  std::lock_guard lock(ctl_mu_);
+  if (sync_epoll(on) == 0) watched_.store(on, std::memory_order_relaxed);  // else the next call tries again
+}
+
+int UdpIo::sync_epoll(bool watched) {
+  const uint32_t n = nslots_.load(std::memory_order_relaxed);
+  const bool want = watched || n > kDirectRecvMaxSockets;
+  int err = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    Socket* s = slots_[i].load(std::memory_order_relaxed);
+    if (s == nullptr || s->in_epoll == want) continue;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = s;
+    if (epoll_ctl(epfd_, want ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, s->fd, &ev) == 0)
+      s->in_epoll = want;
+    else
+      err = errno;
+  }
+  return err;
 }
 
 void UdpIo::report_ip_fields(int fd) const {
@@ -276,7 +306,8 @@ void UdpIo::close_port(uint16_t port) {
   for (uint32_t i = 0; i < n; ++i) {
     Socket* s = slots_[i].load(std::memory_order_relaxed);
     if (s == nullptr || s->port != port) continue;
-    epoll_ctl(epfd_, EPOLL_CTL_DEL, s->fd, nullptr);
+    if (s->in_epoll) epoll_ctl(epfd_, EPOLL_CTL_DEL, s->fd, nullptr);
+    s->in_epoll = false;
     slots_[i].store(nullptr, std::memory_order_release);
     return;
   }

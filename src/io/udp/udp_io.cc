@@ -1,6 +1,7 @@
 #include "io/udp/udp_io.h"
 
 #include <errno.h>
+#include <linux/sock_diag.h>
 #include <netinet/in.h>
 #include <netinet/ip.h>
 #include <netinet/udp.h>
@@ -28,8 +29,13 @@ constexpr uint32_t kMinPacket = wire::kBthLen + wire::kIcrcLen;
 // Largest UDP payload over IPv4 (65535 - 20 - 8); the IPv6 limit is larger but the same bound serves.
 constexpr uint32_t kMaxUdpPayload = 65507;
 constexpr uint8_t kZeros[4] = {};
-// TOS/traffic class, TTL/hop limit, the GRO segment size and the drop count (SO_RXQ_OVFL), with room to spare.
-constexpr size_t kRxCtrlLen = 3 * CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(uint32_t)) + 32;
+// TOS/traffic class, TTL/hop limit and the GRO segment size, with room to spare.
+constexpr size_t kRxCtrlLen = 3 * CMSG_SPACE(sizeof(int)) + 32;
+// The socket's drop count is read (SO_MEMINFO) after a receive call that returned several datagrams, and
+// after this many that returned one. Drops mean a full receive buffer, which leaves several datagrams for
+// the next call unless one fills it. Asked for with every datagram instead (SO_RXQ_OVFL, a control
+// message), it cost each receive 0.15 us: 8-byte socket-path ib_write_lat, recvmsg 2.10-2.21 -> 1.94-2.05 us.
+constexpr uint32_t kDropCheckEvery = 1024;
 
 union SockAddr {
   sockaddr sa;
@@ -95,8 +101,9 @@ struct UdpIo::Socket {
   uint32_t filled = 0;  // messages the last recvmmsg filled (their lengths and flags need setting back)
   bool idle = false;    // the last recvmmsg found nothing
   bool in_epoll = false;  // registered in epfd_ (UdpIo::sync_epoll; under ctl_mu_)
-  // The kernel's count of datagrams this socket dropped for want of buffer space (SO_RXQ_OVFL), as last seen.
+  // The kernel's count of datagrams this socket dropped (full buffer, bad checksum), as last read.
   uint32_t overflows = 0;
+  uint32_t single_reads = 0;        // receive calls that returned one datagram since the count was read
   std::unique_ptr<uint8_t[]> bufs;  // kRxBatch x kRxBufSize
   mmsghdr msgs[kRxBatch];
   iovec iov[kRxBatch];
@@ -208,7 +215,6 @@ std::expected<uint16_t, int> UdpIo::open_port(uint16_t port) {
   // No IP_PKTINFO: the socket is bound to local_addr_, so that is every packet's destination.
   // Always accept coalesced datagrams (a peer may send with GSO); rx_burst splits them.
   set_int_opt(fd, SOL_UDP, UDP_GRO, 1);
-  set_int_opt(fd, SOL_SOCKET, SO_RXQ_OVFL, 1);
   set_buffer(fd, SO_SNDBUFFORCE, SO_SNDBUF, kSndBufBytes);
   set_buffer(fd, SO_RCVBUFFORCE, SO_RCVBUF, kRcvBufBytes);
 
@@ -530,8 +536,20 @@ uint32_t UdpIo::rx_burst(RxPacket* out, uint32_t max) {
   return got;
 }
 
+uint32_t UdpIo::take_drops(Socket& s) {
+  s.single_reads = 0;
+  uint32_t mem[SK_MEMINFO_VARS];
+  socklen_t len = sizeof mem;
+  if (getsockopt(s.fd, SOL_SOCKET, SO_MEMINFO, mem, &len) != 0 || len <= SK_MEMINFO_DROPS * sizeof(uint32_t))
+    return 0;
+  const uint32_t d = mem[SK_MEMINFO_DROPS] - s.overflows;  // wraps correctly
+  s.overflows = mem[SK_MEMINFO_DROPS];
+  return d;
+}
+
 uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t now, bool* emptied) {
   *emptied = false;
+  uint32_t overflowed = 0;
   if (s.next_msg >= s.n_msgs) {
     // Under fault injection, half the room: duplicates and reordered packets go right behind the packet
     // that released them.
@@ -559,6 +577,7 @@ uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t no
       return 0;
     }
     s.idle = false;
+    if (r > 1 || ++s.single_reads >= kDropCheckEvery) overflowed = take_drops(s);
     s.n_msgs = static_cast<uint32_t>(r);
     s.next_msg = s.next_off = 0;
     // Fewer than asked for: the queue was empty behind them (once they are all handed out).
@@ -566,7 +585,7 @@ uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t no
   }
 
   uint32_t got = 0;
-  uint64_t bytes = 0, truncated = 0, bad_icrc = 0, oversize = 0, overflowed = 0;
+  uint64_t bytes = 0, truncated = 0, bad_icrc = 0, oversize = 0;
   while (s.next_msg < s.n_msgs && got < room) {
     const uint32_t i = s.next_msg;
     const msghdr& h = s.msgs[i].msg_hdr;
@@ -608,11 +627,6 @@ uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t no
       } else if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
         std::memcpy(&v, d, sizeof v);
         gso_size = v > 0 ? static_cast<uint32_t>(v) : 0;
-      } else if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_RXQ_OVFL) {
-        uint32_t total;
-        std::memcpy(&total, d, sizeof total);
-        overflowed += total - s.overflows;  // wraps correctly
-        s.overflows = total;
       }
     }
     // One datagram, or the next of the coalesced ones.

@@ -118,6 +118,7 @@ class UdpIo : public Backend {
   static TxScratch& scratch();
   // `emptied`: whether this call left the socket with nothing queued that it knows of (see rx_drained).
   uint32_t recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t now, bool* emptied);
+  uint32_t take_drops(Socket& s);  // the socket's drops since the last call (SO_MEMINFO)
   void send_chunk(Socket& s, TxScratch& t, uint32_t n);
   void report_ip_fields(int fd) const;  // asks the kernel for each packet's TOS and TTL
   void set_watched(bool on);

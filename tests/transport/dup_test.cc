@@ -99,34 +99,6 @@ TEST(Duplicates, ReadIsExecutedAgainFromMemory) {
   EXPECT_EQ(h.a.counters.get(Counter::retry_timeouts), 1u);
 }
 
-// A retransmit timer that runs out while the backend says the peer still reads what came before (io/shm's
-// ring) waits another round instead; once the peer is not behind, the lost packet goes again.
-TEST(Duplicates, RetransmitWaitsWhileThePeerIsBehind) {
-  Harness h({}, opts());
-  DropFirst d{rc(wire::kOpWriteOnly)};
-  d.attach(h);
-  int asked = 0;
-  std::vector<uint64_t> marks;
-  h.a.be->behind = [&](const wire::Endpoint& dst, uint64_t* mark) {
-    EXPECT_EQ(dst, h.a.qp->peer());
-    marks.push_back(*mark);
-    *mark = 100 + asked;
-    return ++asked <= 2;
-  };
-  fill(h.a.buf, 0, 64, 4);
-  ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 0, 64, 1).remote(h.b, 512)), 0);
-  std::vector<Wc> s;
-  ASSERT_TRUE(h.wait(h.a, h.a.scq, 1, &s));
-  EXPECT_EQ(s[0].status, WcStatus::kSuccess);
-  EXPECT_EQ(std::memcmp(h.a.buf.data(), h.b.buf.data() + 512, 64), 0);
-  EXPECT_EQ(asked, 3);
-  EXPECT_EQ(marks, (std::vector<uint64_t>{0, 100, 101}));  // the QP keeps the backend's state
-  EXPECT_EQ(h.a.counters.get(Counter::retry_waits), 2u);
-  EXPECT_EQ(h.a.counters.get(Counter::retry_timeouts), 1u);
-  EXPECT_EQ(d.count(rc(wire::kOpWriteOnly)), 2);  // sent again once, after the waits
-  EXPECT_EQ(h.b.counters.get(Counter::dup_requests), 0u);
-}
-
 // A multi-packet READ that lost a middle response is re-requested for the missing part only (IBTA.md 4c):
 // new PSN, VA advanced; the responder replays it from its saved resource.
 TEST(Duplicates, ReadRetriedForTheMissingPart) {

@@ -67,11 +67,12 @@ class UdpIo : public Backend {
   // nest it in another epoll.
   int poll_fd() const override { return epfd_; }
   // A socket in an epoll costs each datagram that reaches it the kernel's wake-up callbacks, even with no
-  // thread asleep there: in an 8-byte UDP ping-pong here, 0.4 us per half round trip (floor-bench with and
-  // without an epoll on the sockets), and in the sender's sendmmsg of softrdma's ib_write_lat (epoll in
-  // epoll) 4.4 instead of 3.6 us. So the sockets are in epfd_ only while a receiver may sleep on it: from
-  // arm_wakeup() (before each sleep that watches the sockets) to nap(). With more sockets than
-  // kDirectRecvMaxSockets they stay: rx_burst asks epfd_ which are readable.
+  // thread asleep there: in an 8-byte UDP ping-pong here, 0.4 us per half round trip (floor-bench's, with
+  // an epoll added on its sockets for the measurement), and in the sender's sendmmsg of softrdma's
+  // ib_write_lat (epoll in epoll) 4.4 instead of 3.6 us (timed with rdtsc around it). So the sockets are in
+  // epfd_ only while a receiver may sleep on it: from arm_wakeup() (before each sleep that watches the
+  // sockets) to nap(). With more sockets than kDirectRecvMaxSockets they stay: rx_burst asks epfd_ which are
+  // readable.
   bool arm_wakeup() override;
   void nap() override;
 
@@ -124,6 +125,8 @@ class UdpIo : public Backend {
   void set_watched(bool on);
   // Puts the open sockets in epfd_ or takes them out, as `watched` says (under ctl_mu_): 0 or an errno.
   int sync_epoll(bool watched);
+  // Takes slot i's socket out of epfd_ and the slot out of use (under ctl_mu_; its fd stays open).
+  void retire_slot(uint32_t i);
 
   // Fault injection (io/udp/fault_injector.h): on receive, configured by SOFTRDMA_FAULTS; null when off.
   std::unique_ptr<RxFaults> faults_;

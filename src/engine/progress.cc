@@ -77,11 +77,15 @@ void Progress::kick(core::Nanos by) {
   // one sees new deadlines on its own. (Every post of ib_send_lat and ib_read_lat arms a timer: each kick
   // was a write, a wake-up and a context switch on a machine whose cores the applications keep busy.)
   // The sleeper publishes wake_at_ after it read the deadlines, so a timer armed after that read is
-  // compared with the real end of the sleep; before, wake_at_ is 0 and every kick wakes.
+  // compared with the real end of the sleep; before, wake_at_ is 0 and every kick wakes. (It did not: `by`
+  // was compared with that 0. A deferred ACK armed by an application thread in that window, which can last
+  // milliseconds (before_sleep warms up rings), went out only when the peer sent its packet again: beside a
+  // CPU hog, one same-host `ib_write_bw -R -q 4` in 4 waited out the 0.54 s ACK timeout of rdma_cm's QPs.)
   if (by == 0) watch_until_.store(ctx_->now() + kWatchAfterNotifyNs, std::memory_order_seq_cst);
   // kKickWatch wakes it whatever its deadline: a nap must turn into a watch (Context::kKickWatch).
-  if (sleeping_.load(std::memory_order_seq_cst) &&
-      (by <= core::Context::kKickWatch || by < wake_at_.load(std::memory_order_seq_cst))) {
+  if (!sleeping_.load(std::memory_order_seq_cst)) return;
+  const core::Nanos wake_at = wake_at_.load(std::memory_order_seq_cst);
+  if (by <= core::Context::kKickWatch || wake_at == 0 || by < wake_at) {
     uint64_t one = 1;
     [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof one);
   }

@@ -62,7 +62,8 @@ namespace softrdma {
   X(answer_holds, "send completions held from polls for the peer's answer (a ping-pong's ACK came alone)") \
   X(answer_holds_late, "of those, released with no answer in time") \
   X(progress_sleeps, "progress-thread sleeps (each ends in a wake-up)")               \
-  X(progress_naps, "of those, naps beside a polling application (sockets not watched)")
+  X(progress_naps, "of those, naps beside a polling application (sockets not watched)") \
+  X(retry_waits, "ACK timeouts that waited once more: the same-host peer was still reading what came before")
 
 enum class Counter : uint32_t {
 #define SOFTRDMA_X(name, desc) name,

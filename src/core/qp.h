@@ -108,6 +108,8 @@ struct CompState {
   uint8_t rnr_left = 0;
   Nanos retrans_deadline = 0;  // 0 = not armed
   Nanos rnr_deadline = 0;      // waiting after an RNR NAK
+  uint64_t peer_mark = 0;      // io::Backend::peer_behind's state for this QP
+  uint8_t retry_waits = 0;     // timeouts in a row that waited for it (Transport::kMaxRetryWaits)
   uint32_t read_gap_psn = 0;   // comp.psn + 1 when a READ was re-requested for a gap there (0 = none)
   // Transport::ack_came_alone: ACKs that came behind a request of the peer's (up to kPingPongAcks), ACKs
   // in a row that came alone since, and whether a request came since the last post.

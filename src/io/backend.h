@@ -77,6 +77,11 @@ class Backend : public TxSink {
   // Called by the progress thread before each of its sleeps, outside the receive path's exclusion: slow
   // preparation that need not hold up receiving (io/shm warms up the pages of a ring it began to read).
   virtual void before_sleep() {}
+  // An RC QP's ACK timeout ran out with packets to `dst` unacknowledged: whether the peer is still reading
+  // what this context sent it, and has read some since the last call for that QP (`mark`: the QP's own
+  // state, 0 at first, updated here). Then nothing need be lost: the packets wait in a queue that moves
+  // (io/shm: the peer's ring). A backend whose packets leave at once says false.
+  virtual bool peer_behind(const wire::Endpoint& /*dst*/, uint64_t* /*mark*/) { return false; }
   // Whether packets wake a sleeping receiver only after arm_wakeup (io/shm's doorbells).
   virtual bool wakes_by_doorbell() const { return false; }
   // A connected QP names its peer (control path): a backend may get ready to reach it now rather than at

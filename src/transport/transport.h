@@ -56,6 +56,10 @@ class Transport {
   static uint64_t completed(const Qp& qp) { return qp.comp_.wqe; }
   static bool ack_came_alone(Qp& qp, uint64_t completed_before);
   static constexpr uint8_t kPingPongAcks = 8;
+  // An ACK timeout waits for a same-host peer that is behind (io::Backend::peer_behind) at most this many
+  // times in a row between ACKs that make progress: the ring says that the peer reads, not that this QP's
+  // packet is in it (one dropped at a full ring is not), so a loss is still resent within 3 timeouts.
+  static constexpr uint8_t kMaxRetryWaits = 2;
   static constexpr uint16_t kAloneAcks = 256;
   // Context::rx_burst leaves what ACKs released in its batch until the end of the burst (one send call
   // for the packets of many QPs); until then a post on another thread must not send this QP's later

@@ -308,6 +308,38 @@ TEST(ShmIo, FullRingDropsAndCountsThenRecovers) {
   EXPECT_EQ(receive(*b, 1, 50).size(), 0u);
 }
 
+// A retransmit timer that runs out while the peer still reads its ring (more slowly than it is filled)
+// found a queue, not a loss; one that finds the peer read nothing since the last look, or all of it, did.
+TEST(ShmIo, PeerIsBehindWhileItsRingHoldsUnreadPacketsAndMoves) {
+  TempDir dir;
+  auto a = make_side(dir.path), b = make_side(dir.path), c = make_side(dir.path);
+  ASSERT_TRUE(a && b && c);
+  uint64_t mark = 0;
+  EXPECT_FALSE(a->io->peer_behind(b->ep(), &mark));  // nothing sent
+  std::vector<uint8_t> payload(100, 7);
+  std::vector<TxPacket> pkts(20);
+  for (uint32_t i = 0; i < pkts.size(); ++i) make_packet(pkts[i], *a, b->ep(), i, payload);
+  a->io->tx_burst(pkts);
+  EXPECT_TRUE(a->io->peer_behind(b->ep(), &mark));   // 20 unread
+  EXPECT_FALSE(a->io->peer_behind(b->ep(), &mark));  // and not one read since
+  RxPacket rx[8];
+  EXPECT_EQ(b->io->rx_burst(rx, 5), 5u);  // read (released by the next call)
+  EXPECT_EQ(b->io->rx_burst(rx, 5), 5u);
+  EXPECT_TRUE(a->io->peer_behind(b->ep(), &mark));  // it moved, and 10 or more wait
+  EXPECT_FALSE(a->io->peer_behind(b->ep(), &mark));
+  // Another context's ring to the same peer says nothing about this one's.
+  std::vector<TxPacket> other(3);
+  for (uint32_t i = 0; i < other.size(); ++i) make_packet(other[i], *c, b->ep(), i, payload);
+  c->io->tx_burst(other);
+  uint64_t other_mark = 0;
+  EXPECT_TRUE(c->io->peer_behind(b->ep(), &other_mark));
+  EXPECT_EQ(receive(*b, 13).size(), 13u);
+  EXPECT_EQ(receive(*b, 1, 10).size(), 0u);          // gives back what the last call handed out
+  EXPECT_FALSE(a->io->peer_behind(b->ep(), &mark));  // all read
+  EXPECT_FALSE(c->io->peer_behind(b->ep(), &other_mark));
+  EXPECT_FALSE(b->io->peer_behind(a->ep(), &mark));  // nothing sent that way
+}
+
 // UC and UD have no flow control: a burst larger than the ring gets through to a receiver that reads.
 TEST(ShmIo, FullRingWaitsForAReceiverThatReads) {
   TempDir dir;

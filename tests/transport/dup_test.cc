@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "transport/harness.h"
+#include "transport/transport.h"
 
 namespace softrdma::test {
 namespace {
@@ -97,6 +98,56 @@ TEST(Duplicates, ReadIsExecutedAgainFromMemory) {
   EXPECT_EQ(std::memcmp(h.a.buf.data(), h.b.buf.data() + 4096, 200), 0);
   EXPECT_EQ(h.b.counters.get(Counter::dup_requests), 1u);
   EXPECT_EQ(h.a.counters.get(Counter::retry_timeouts), 1u);
+}
+
+// A retransmit timer that runs out while the backend says the peer still reads what came before (io/shm's
+// ring) waits another round instead, at most Transport::kMaxRetryWaits times in a row: the ring may keep
+// moving with other packets while this one was lost (dropped at a full ring), so it goes again after that.
+TEST(Duplicates, RetransmitWaitsWhileThePeerIsBehindUpToALimit) {
+  Harness h({}, opts());
+  DropFirst d{rc(wire::kOpWriteOnly)};
+  d.attach(h);
+  int asked = 0;
+  std::vector<uint64_t> marks;
+  h.a.be->behind = [&](const wire::Endpoint& dst, uint64_t* mark) {
+    EXPECT_EQ(dst, h.a.qp->peer());
+    marks.push_back(*mark);
+    *mark = 100 + asked++;
+    return true;  // always behind
+  };
+  fill(h.a.buf, 0, 64, 4);
+  ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 0, 64, 1).remote(h.b, 512)), 0);
+  std::vector<Wc> s;
+  ASSERT_TRUE(h.wait(h.a, h.a.scq, 1, &s));
+  EXPECT_EQ(s[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(h.a.buf.data(), h.b.buf.data() + 512, 64), 0);
+  static_assert(core::Transport::kMaxRetryWaits == 2);
+  EXPECT_EQ(asked, 2);
+  EXPECT_EQ(marks, (std::vector<uint64_t>{0, 100}));  // the QP keeps the backend's state
+  EXPECT_EQ(h.a.counters.get(Counter::retry_waits), 2u);
+  EXPECT_EQ(h.a.counters.get(Counter::retry_timeouts), 1u);
+  EXPECT_EQ(d.count(rc(wire::kOpWriteOnly)), 2);  // sent again once, after the waits
+  EXPECT_EQ(h.b.counters.get(Counter::dup_requests), 0u);
+}
+
+// The waits are counted from the last ACK that made progress: the next loss may wait as long again. And a
+// peer that is not behind gets the packet again at the first timeout.
+TEST(Duplicates, RetransmitWaitsAgainAfterProgressAndNotWhenThePeerIsNotBehind) {
+  Harness h({}, opts());
+  DropFirst d{rc(wire::kOpWriteOnly)};
+  d.attach(h);
+  bool behind = true;
+  h.a.be->behind = [&](const wire::Endpoint&, uint64_t*) { return behind; };
+  std::vector<Wc> s;
+  for (int round = 1; round <= 3; ++round) {
+    if (round == 3) behind = false;
+    d.dropped = 0;  // lose this round's WRITE once
+    ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 0, 64, round).remote(h.b, 512)), 0);
+    ASSERT_TRUE(h.wait(h.a, h.a.scq, 1, &s));
+    EXPECT_EQ(s.back().status, WcStatus::kSuccess);
+    EXPECT_EQ(h.a.counters.get(Counter::retry_timeouts), static_cast<uint64_t>(round));
+    EXPECT_EQ(h.a.counters.get(Counter::retry_waits), round == 1 ? 2u : 4u) << "round " << round;
+  }
 }
 
 // A multi-packet READ that lost a middle response is re-requested for the missing part only (IBTA.md 4c):

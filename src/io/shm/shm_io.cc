@@ -547,6 +547,26 @@ void ShmIo::touch_rings() {
   if (warmed != 0) counters_->add(Counter::shm_rings_warmed, warmed);
 }
 
+bool ShmIo::peer_behind(const wire::Endpoint& dst, uint64_t* mark) {
+  Peer* p = lookup(dst, coarse_now_ns());
+  if (p == nullptr || !p->ring.valid()) return false;
+  const Ring& r = p->ring;
+  const uint64_t tail = r.tail();
+  if (tail == 0 || !r.readable(tail - 1)) return false;  // all read (or the last one not yet written)
+  // The oldest unread position (the peer reads in order: the slots before it are read, the rest not).
+  uint64_t lo = tail > r.size() ? tail - r.size() : 0, hi = tail - 1;
+  while (lo < hi) {
+    const uint64_t mid = lo + (hi - lo) / 2;
+    if (r.readable(mid))
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  if (*mark == lo + 1) return false;  // it read nothing since the last call
+  *mark = lo + 1;                     // (0 stays "no call yet")
+  return true;
+}
+
 bool ShmIo::arm_wakeup() {
   armed_.store(true, std::memory_order_relaxed);
   set_sleeping();

@@ -146,6 +146,7 @@ class Ring {
     Slot& s = slots_[pos & mask_];
     return s.seq.load(std::memory_order_acquire) == pos + 1 ? &s : nullptr;
   }
+  uint64_t tail() const { return hdr_->tail.load(std::memory_order_acquire); }  // the next position claimed
   bool readable(uint64_t pos) const {
     return slots_[pos & mask_].seq.load(std::memory_order_seq_cst) == pos + 1;
   }

@@ -63,6 +63,9 @@ class SimBackend : public Backend {
   int poll_fd() const override { return -1; }
   const wire::Gid& local_addr() const override { return addr_; }
   void want_ip_fields() override { ip_fields_wanted = true; }
+  // A test hook: what peer_behind answers (false when unset).
+  std::function<bool(const wire::Endpoint& dst, uint64_t* mark)> behind;
+  bool peer_behind(const wire::Endpoint& dst, uint64_t* mark) override { return behind && behind(dst, mark); }
   bool ip_fields_wanted = false;  // (its packets carry the sender's TOS and TTL either way)
   // Counts of what rx_burst dropped.
   uint64_t bad_icrc = 0, truncated = 0;

@@ -61,32 +61,43 @@ class HoldingBackend : public io::Backend {
 };
 
 // An RC QP connected to a peer that never answers, so that its first send arms the retransmit timer.
-core::Qp* rc_qp_to_nowhere(core::Context& ctx, uint8_t timeout) {
-  core::Pd* pd = *ctx.alloc_pd();
-  core::Cq* cq = *ctx.create_cq(16, nullptr, nullptr);
-  core::QpInitAttr init;
-  init.type = QpType::kRc;
-  init.send_cq = init.recv_cq = cq;
-  init.cap = {16, 16, 1, 1, 64};
-  core::Qp* qp = *ctx.create_qp(pd, init);
-  core::QpAttr at;
-  at.qp_state = QpState::kInit;
-  EXPECT_EQ(qp->modify(at, kQpState | kQpPkeyIndex | kQpPort | kQpAccessFlags), 0);
-  at.qp_state = QpState::kRtr;
-  at.path_mtu = Mtu::k1024;
-  at.dest_qp_num = 0x4001 << 8;
-  wire::Gid::parse("10.9.8.6", &at.ah_attr.dgid);
-  EXPECT_EQ(qp->modify(at, kQpState | kQpAv | kQpPathMtu | kQpDestQpn | kQpRqPsn | kQpMaxDestRdAtomic |
-                               kQpMinRnrTimer),
-            0);
-  at.qp_state = QpState::kRts;
-  at.timeout = timeout;
-  at.retry_cnt = 7;
-  at.rnr_retry = 7;
-  EXPECT_EQ(qp->modify(at, kQpState | kQpSqPsn | kQpTimeout | kQpRetryCnt | kQpRnrRetry | kQpMaxQpRdAtomic),
-            0);
-  return qp;
-}
+struct QpToNowhere {
+  core::Context& ctx;
+  core::Pd* pd = nullptr;
+  core::Cq* cq = nullptr;
+  core::Qp* qp = nullptr;
+
+  QpToNowhere(core::Context& c, uint8_t timeout) : ctx(c) {
+    pd = *ctx.alloc_pd();
+    cq = *ctx.create_cq(16, nullptr, nullptr);
+    core::QpInitAttr init;
+    init.type = QpType::kRc;
+    init.send_cq = init.recv_cq = cq;
+    init.cap = {16, 16, 1, 1, 64};
+    qp = *ctx.create_qp(pd, init);
+    core::QpAttr at;
+    at.qp_state = QpState::kInit;
+    EXPECT_EQ(qp->modify(at, kQpState | kQpPkeyIndex | kQpPort | kQpAccessFlags), 0);
+    at.qp_state = QpState::kRtr;
+    at.path_mtu = Mtu::k1024;
+    at.dest_qp_num = 0x4001 << 8;
+    wire::Gid::parse("10.9.8.6", &at.ah_attr.dgid);
+    EXPECT_EQ(qp->modify(at, kQpState | kQpAv | kQpPathMtu | kQpDestQpn | kQpRqPsn | kQpMaxDestRdAtomic |
+                                 kQpMinRnrTimer),
+              0);
+    at.qp_state = QpState::kRts;
+    at.timeout = timeout;
+    at.retry_cnt = 7;
+    at.rnr_retry = 7;
+    EXPECT_EQ(qp->modify(at, kQpState | kQpSqPsn | kQpTimeout | kQpRetryCnt | kQpRnrRetry | kQpMaxQpRdAtomic),
+              0);
+  }
+  ~QpToNowhere() {
+    ctx.destroy_qp(qp);
+    ctx.destroy_cq(cq);
+    ctx.dealloc_pd(pd);
+  }
+};
 
 // The thread sleeps with no timer (nothing armed when it looked); while it is between that look and the
 // sleep, an application thread posts a send, which arms the ACK timeout (4 ms here) and kicks the thread.
@@ -96,7 +107,7 @@ TEST(ProgressKick, TimerArmedWhileTheThreadGoesToSleepEndsThatSleep) {
   HoldingBackend be;
   Counters counters;
   core::Context ctx(&be, &counters, core::ContextConfig{});
-  core::Qp* qp = rc_qp_to_nowhere(ctx, 10);  // 4096 ns << 10: an ACK timeout of 4.2 ms
+  QpToNowhere q(ctx, 10);  // 4096 ns << 10: an ACK timeout of 4.2 ms
   engine::Progress progress(&ctx);
   be.hold_next();  // its first sleep: nothing is armed yet
   ASSERT_EQ(progress.start(), 0);
@@ -106,7 +117,7 @@ TEST(ProgressKick, TimerArmedWhileTheThreadGoesToSleepEndsThatSleep) {
   wr.wr_id = 1;
   wr.send_flags = kSendSignaled;
   size_t bad;
-  ASSERT_EQ(qp->post_send(std::span(&wr, 1), &bad), 0);
+  ASSERT_EQ(q.qp->post_send(std::span(&wr, 1), &bad), 0);
   EXPECT_EQ(be.sent.load(), 1u);
   be.release();
 
@@ -117,7 +128,6 @@ TEST(ProgressKick, TimerArmedWhileTheThreadGoesToSleepEndsThatSleep) {
   EXPECT_GE(counters.get(Counter::retry_timeouts), 1u) << "the thread slept through the timer";
   EXPECT_GE(be.sent.load(), 2u);
   progress.stop();
-  ctx.destroy_qp(qp);
 }
 
 }  // namespace

@@ -62,6 +62,11 @@ for test, line in (("udp_pingpong_rc", "the RC pair's own floor"), ("mem_pingpon
     if floor and floor[0]["summary"].get("lat_us", {}).get("median"):
         check(line in table, f"table.txt lacks '{line}'")
 
+kernel = [c for c in cases if c["tool"] == "floor" and c["test"] in ("kernel_copy_first", "kernel_copy")]
+check(len(kernel) == 2, "the kernel_copy floors are not both in the quick run")
+if all(c["summary"].get("bw", {}).get("median") for c in kernel):
+    check("the kernel's copy from 64 QPs'" in table, "table.txt lacks the kernel_copy floors beside the targets")
+
 targets = doc["targets"]
 official = [t for t in targets if "opt-in" not in t["target"]]
 check(len(official) == 10, f"{len(official)} targets, issue 6 lists 10")

@@ -304,13 +304,13 @@ Nanos Transport::timers(Qp& qp, io::TxBatch& tx, Nanos now) {
   }
   if (comp.retrans_deadline && now >= comp.retrans_deadline) {
     comp.retrans_deadline = 0;
-    if (psn_diff(qp.req_.psn, comp.psn) > 0 && comp.retry_waits < kMaxRetryWaits &&
-        qp.ctx()->backend()->peer_behind(qp.peer(), &comp.peer_mark)) {
+    if (psn_diff(qp.req_.psn, comp.psn) <= 0) return deadline(qp);  // nothing outstanding
+    if (comp.retry_waits < kMaxRetryWaits && qp.ctx()->backend()->peer_behind(qp.peer(), &comp.peer_mark)) {
       // Still in a queue that the peer reads: not lost (ShmIo::peer_behind). One more round.
       ++comp.retry_waits;
       qp.ctx()->counters().add(Counter::retry_waits);
       comp.retrans_deadline = now + ack_timeout_ns(qp.attr_.timeout);
-    } else if (psn_diff(qp.req_.psn, comp.psn) > 0) {
+    } else {
       comp.peer_mark = 0;
       qp.ctx()->counters().add(Counter::retry_timeouts);
       if (!charge(comp.retry_left)) {

@@ -158,6 +158,27 @@ TEST(UdpIoTest, CreateAndPortErrors) {
   EXPECT_EQ(b->io->num_ports(), 0u);
 }
 
+// An MR's resident pages are read by the kernel once at registration (io/kernel_touch.h), the count in
+// mr_pages_touched; SOFTRDMA_MR_TOUCH=0 (read at create) turns it off.
+TEST(UdpIoTest, PublishMrHasTheKernelReadItsResidentPagesUnlessTurnedOff) {
+  std::vector<uint8_t> buf(10 * 4096 + 100, 7);  // written: resident
+  const MrInfo mr{1, 0, 1, 0, buf.size() - 100, reinterpret_cast<uint64_t>(buf.data() + 100)};
+  auto p = make_peer("127.0.0.1");
+  ASSERT_NE(p, nullptr);
+  p->io->publish_mr(mr);
+  // buf.data() + 100 to its end spans 10 or 11 pages, as the vector's start falls.
+  const uint64_t pages = (reinterpret_cast<uint64_t>(buf.data()) + buf.size() - 1) / 4096 -
+                         (reinterpret_cast<uint64_t>(buf.data()) + 100) / 4096 + 1;
+  EXPECT_EQ(count(*p, Counter::mr_pages_touched), pages);
+
+  setenv("SOFTRDMA_MR_TOUCH", "0", 1);
+  auto off = make_peer("127.0.0.1");
+  unsetenv("SOFTRDMA_MR_TOUCH");
+  ASSERT_NE(off, nullptr);
+  off->io->publish_mr(mr);
+  EXPECT_EQ(count(*off, Counter::mr_pages_touched), 0u);
+}
+
 TEST(UdpIoTest, ExchangesBurstsWithEveryIovSplitAndPad) {
   auto a = make_peer("127.0.0.1");
   auto b = make_peer("127.0.0.1");

@@ -126,14 +126,19 @@ shm::AccessTable* ShmIo::access_table() {
 }
 
 void ShmIo::publish_mr(const MrInfo& mr) {
-  std::lock_guard lock(acc_mu_);
-  shm::AccessTable* t = access_table();
-  if (t == nullptr) return;
-  std::optional<shm::SharedPages> pages;
-  if (share_mr_ && (mr.access & (shm::kAccRemoteWrite | shm::kAccRemoteRead | shm::kAccRemoteAtomic)))
-    pages = shm::share_pages(reinterpret_cast<const void*>(mr.addr), mr.length);
-  if (pages) shared_.emplace_back(mr.key, *pages);
-  t->publish_mr(mr, pages ? &*pages : nullptr);
+  {
+    std::lock_guard lock(acc_mu_);
+    shm::AccessTable* t = access_table();
+    if (t != nullptr) {
+      std::optional<shm::SharedPages> pages;
+      if (share_mr_ && (mr.access & (shm::kAccRemoteWrite | shm::kAccRemoteRead | shm::kAccRemoteAtomic)))
+        pages = shm::share_pages(reinterpret_cast<const void*>(mr.addr), mr.length);
+      if (pages) shared_.emplace_back(mr.key, *pages);
+      t->publish_mr(mr, pages ? &*pages : nullptr);
+    }
+  }
+  // After share_pages, which may have put other pages under the MR; outside the lock (it takes a while).
+  udp_->publish_mr(mr);
 }
 void ShmIo::withdraw_mr(uint32_t key) {
   std::lock_guard lock(acc_mu_);

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <new>
 
+#include "io/kernel_touch.h"
 #include "io/netif.h"
 #include "wire/icrc.h"
 #include "wire/opcode.h"
@@ -135,6 +136,7 @@ UdpIo::UdpIo(const wire::Gid& local_addr, uint32_t scope_id, Counters* counters)
 UdpIo::~UdpIo() {
   for (auto& s : owned_) close(s->fd);
   if (epfd_ >= 0) close(epfd_);
+  if (touch_fd_ >= 0) close(touch_fd_);
 }
 
 std::expected<std::unique_ptr<UdpIo>, int> UdpIo::create(const wire::Gid& local_addr, Counters* counters) {
@@ -157,6 +159,7 @@ std::expected<std::unique_ptr<UdpIo>, int> UdpIo::create(const wire::Gid& local_
   io->epfd_ = epoll_create1(EPOLL_CLOEXEC);
   if (io->epfd_ < 0) return std::unexpected(errno);
   if (const char* g = getenv("SOFTRDMA_GSO"); g != nullptr) io->gso_ = std::strcmp(g, "0") != 0;
+  if (kernel_touch_enabled()) io->touch_fd_ = kernel_touch_sink();  // -1: no touch
   auto faults = RxFaults::from_env(io->counters_);
   if (!faults) return std::unexpected(faults.error());
   io->faults_ = std::move(*faults);
@@ -302,6 +305,13 @@ void UdpIo::want_ip_fields() {
   if (ip_fields_) return;
   ip_fields_ = true;
   for (const auto& s : owned_) report_ip_fields(s->fd);  // a closed port's fd stays open (close_port)
+}
+
+void UdpIo::publish_mr(const MrInfo& mr) {
+  if (touch_fd_ < 0) return;
+  const TouchResult r =
+      kernel_touch(touch_fd_, reinterpret_cast<const void*>(mr.addr), mr.length, kTouchMaxBytes);
+  counters_->add(Counter::mr_pages_touched, r.pages);
 }
 
 // The socket stops sending and receiving at once; its fd and buffers live until the UdpIo goes, since

@@ -30,7 +30,8 @@ int kernel_touch_sink() { return memfd_create("softrdma-touch", MFD_CLOEXEC); }
 TouchResult kernel_touch(int sink, const void* addr, uint64_t len, uint64_t max_bytes) {
   TouchResult r;
   if (len == 0 || max_bytes == 0) return r;
-  const uint64_t start = reinterpret_cast<uint64_t>(addr) & ~(kPage - 1);
+  const uint64_t first_byte = reinterpret_cast<uint64_t>(addr);
+  const uint64_t start = first_byte & ~(kPage - 1);
   const uint64_t end_addr = reinterpret_cast<uint64_t>(addr) + std::min(len, max_bytes);
   const uint64_t npages = (end_addr - start + kPage - 1) / kPage;
   std::array<unsigned char, kSpan> resident;
@@ -53,7 +54,8 @@ TouchResult kernel_touch(int sink, const void* addr, uint64_t len, uint64_t max_
     }
     for (uint64_t i = 0; i < span; ++i) {
       if (!(resident[i] & 1)) continue;
-      iov[n++] = {reinterpret_cast<void*>(base + i * kPage), 1};
+      // A page's first byte of the region (the first page's may lie before it: memory not the caller's).
+      iov[n++] = {reinterpret_cast<void*>(std::max(base + i * kPage, first_byte)), 1};
       ++r.pages;
       if (n == kIovs)
         if (int e = flush()) return {r.pages, e};

@@ -576,17 +576,17 @@ TEST(ShmIo, PublishMrHasTheKernelReadTheResidentPages) {
   TempDir dir;
   auto a = make_side(dir.path);
   ASSERT_TRUE(a);
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  void* mem = mmap(nullptr, 4 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  const size_t len = UdpIo::kTouchMinBytes;
+  void* mem = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   ASSERT_NE(mem, MAP_FAILED);
   static_cast<char*>(mem)[0] = 1;
-  static_cast<char*>(mem)[2 * page] = 1;  // pages 0 and 2 resident, 1 and 3 not
+  static_cast<char*>(mem)[len / 2] = 1;  // two pages resident, the others not
   const auto addr = reinterpret_cast<uint64_t>(mem);
   a->io->publish_mr(
-      {.key = 0x78, .access = shm::kAccRemoteWrite, .pd = 1, .iova = addr, .length = 4 * page, .addr = addr});
+      {.key = 0x78, .access = shm::kAccRemoteWrite, .pd = 1, .iova = addr, .length = len, .addr = addr});
   EXPECT_EQ(a->counters.get(Counter::mr_pages_touched), 2u);
   a.reset();
-  munmap(mem, 4 * page);
+  munmap(mem, len);
 }
 
 TEST(ShmIo, SenderThatLeavesGivesItsRingBack) {

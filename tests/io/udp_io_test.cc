@@ -159,17 +159,21 @@ TEST(UdpIoTest, CreateAndPortErrors) {
 }
 
 // An MR's resident pages are read by the kernel once at registration (io/kernel_touch.h), the count in
-// mr_pages_touched; SOFTRDMA_MR_TOUCH=0 (read at create) turns it off.
+// mr_pages_touched, from UdpIo::kTouchMinBytes on; SOFTRDMA_MR_TOUCH=0 (read at create) turns it off.
 TEST(UdpIoTest, PublishMrHasTheKernelReadItsResidentPagesUnlessTurnedOff) {
-  std::vector<uint8_t> buf(10 * 4096 + 100, 7);  // written: resident
+  std::vector<uint8_t> buf(UdpIo::kTouchMinBytes + 100, 7);  // written: resident
   const MrInfo mr{1, 0, 1, 0, buf.size() - 100, reinterpret_cast<uint64_t>(buf.data() + 100)};
   auto p = make_peer("127.0.0.1");
   ASSERT_NE(p, nullptr);
   p->io->publish_mr(mr);
-  // buf.data() + 100 to its end spans 10 or 11 pages, as the vector's start falls.
+  // buf.data() + 100 to its end spans 16 or 17 pages, as the vector's start falls.
   const uint64_t pages = (reinterpret_cast<uint64_t>(buf.data()) + buf.size() - 1) / 4096 -
                          (reinterpret_cast<uint64_t>(buf.data()) + 100) / 4096 + 1;
   EXPECT_EQ(count(*p, Counter::mr_pages_touched), pages);
+  MrInfo small = mr;
+  small.length = UdpIo::kTouchMinBytes - 1;
+  p->io->publish_mr(small);
+  EXPECT_EQ(count(*p, Counter::mr_pages_touched), pages) << "an MR under kTouchMinBytes was touched";
 
   setenv("SOFTRDMA_MR_TOUCH", "0", 1);
   auto off = make_peer("127.0.0.1");

@@ -308,7 +308,7 @@ void UdpIo::want_ip_fields() {
 }
 
 void UdpIo::publish_mr(const MrInfo& mr) {
-  if (touch_fd_ < 0) return;
+  if (touch_fd_ < 0 || mr.length < kTouchMinBytes) return;
   const TouchResult r =
       kernel_touch(touch_fd_, reinterpret_cast<const void*>(mr.addr), mr.length, kTouchMaxBytes);
   counters_->add(Counter::mr_pages_touched, r.pages);

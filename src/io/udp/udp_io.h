@@ -92,6 +92,10 @@ class UdpIo : public Backend {
   // Has the kernel read each resident page of the MR once (io/kernel_touch.h), at most kTouchMaxBytes of
   // it, unless SOFTRDMA_MR_TOUCH=0: the payloads sendmmsg gathers from it then skip the kernel's first
   // access. 64 MiB: about 85 ms here (5 us a page), paid by ibv_reg_mr instead of the first transfer.
+  // Not for MRs under kTouchMinBytes: the touch's two syscalls doubled a 4 KiB MR's registration (reg and
+  // dereg 5.5-6 -> 10.5-11.5 us here), paid again at each registration of the same buffer, against at most
+  // 16 first accesses (about 120 us here, once).
+  static constexpr uint64_t kTouchMinBytes = 64u << 10;
   static constexpr uint64_t kTouchMaxBytes = 256ull << 20;
   void publish_mr(const MrInfo& mr) override;
 

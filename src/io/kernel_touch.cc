@@ -7,33 +7,26 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
-#include <cstdlib>
-#include <cstring>
 
 namespace softrdma::io {
 
 namespace {
 
-constexpr uint64_t kPage = 4096;
 constexpr uint32_t kIovs = 1024;  // UIO_MAXIOV: pages per pwritev
 constexpr uint64_t kSpan = 2048;  // pages asked of mincore at a time (its vector on the stack)
 
 }  // namespace
-
-bool kernel_touch_enabled() {
-  const char* v = getenv("SOFTRDMA_MR_TOUCH");
-  return v == nullptr || std::strcmp(v, "0") != 0;
-}
 
 int kernel_touch_sink() { return memfd_create("softrdma-touch", MFD_CLOEXEC); }
 
 TouchResult kernel_touch(int sink, const void* addr, uint64_t len, uint64_t max_bytes) {
   TouchResult r;
   if (len == 0 || max_bytes == 0) return r;
+  static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));  // mincore's unit
   const uint64_t first_byte = reinterpret_cast<uint64_t>(addr);
-  const uint64_t start = first_byte & ~(kPage - 1);
-  const uint64_t end_addr = reinterpret_cast<uint64_t>(addr) + std::min(len, max_bytes);
-  const uint64_t npages = (end_addr - start + kPage - 1) / kPage;
+  const uint64_t start = first_byte & ~(page - 1);
+  const uint64_t end_addr = first_byte + std::min(len, max_bytes);
+  const uint64_t npages = (end_addr - start + page - 1) / page;
   std::array<unsigned char, kSpan> resident;
   std::array<iovec, kIovs> iov;
   uint32_t n = 0;
@@ -45,17 +38,17 @@ TouchResult kernel_touch(int sink, const void* addr, uint64_t len, uint64_t max_
   };
   for (uint64_t first = 0; first < npages; first += kSpan) {
     const uint64_t span = std::min(kSpan, npages - first);
-    const uint64_t base = start + first * kPage;
+    const uint64_t base = start + first * page;
     // ENOMEM: part of the range is not mapped; the registration stands, the touch stops (as it would
     // when the kernel itself reads there later: EFAULT, a dropped packet).
-    if (mincore(reinterpret_cast<void*>(base), span * kPage, resident.data()) != 0) {
+    if (mincore(reinterpret_cast<void*>(base), span * page, resident.data()) != 0) {
       r.error = errno;
       break;
     }
     for (uint64_t i = 0; i < span; ++i) {
       if (!(resident[i] & 1)) continue;
       // A page's first byte of the region (the first page's may lie before it: memory not the caller's).
-      iov[n++] = {reinterpret_cast<void*>(std::max(base + i * kPage, first_byte)), 1};
+      iov[n++] = {reinterpret_cast<void*>(std::max(base + i * page, first_byte)), 1};
       ++r.pages;
       if (n == kIovs)
         if (int e = flush()) return {r.pages, e};

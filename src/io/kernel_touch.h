@@ -19,8 +19,8 @@ struct TouchResult {
   int error = 0;       // 0, or the errno of the call that stopped it (the rest is left alone)
 };
 
-// Environment: SOFTRDMA_MR_TOUCH=0 turns it off (kernel_touch_enabled() false).
-bool kernel_touch_enabled();
+// SOFTRDMA_MR_TOUCH=0 turns it off (the caller asks io/env.h's env_switch_on).
+inline constexpr const char* kTouchEnv = "SOFTRDMA_MR_TOUCH";
 // The file the kernel copies the bytes into (a memfd of the caller's: 1 KiB at offset 0, rewritten), or
 // -1 with errno.
 int kernel_touch_sink();

@@ -16,6 +16,7 @@
 #include <new>
 
 #include "io/clock.h"
+#include "io/env.h"
 #include "io/proc.h"
 #include "io/shm/access_table.h"
 #include "io/shm/peer_maps.h"
@@ -105,10 +106,7 @@ struct ShmIo::PeerSlot {
   std::atomic<uint64_t> check_at{0};
 };
 
-bool ShmIo::direct_by_env() {
-  const char* v = getenv(kDirectEnv);
-  return v == nullptr || std::strcmp(v, "0") != 0;
-}
+bool ShmIo::direct_by_env() { return env_switch_on(kDirectEnv); }
 
 std::string ShmIo::access_path(int pid, uint32_t serial) const {
   return cfg_.dir + "/" + kFilePrefix + std::to_string(netns_) + ".acc." + std::to_string(pid) + "." +
@@ -210,10 +208,7 @@ int ShmIo::open_access(Peer& p) {
   return st;
 }
 
-bool ShmIo::enabled_by_env() {
-  const char* v = getenv(kEnv);
-  return v == nullptr || std::strcmp(v, "0") != 0;
-}
+bool ShmIo::enabled_by_env() { return env_switch_on(kEnv); }
 
 ShmIo::ShmIo(std::unique_ptr<UdpIo> udp, Counters* counters, const Config& cfg)
     : udp_(std::move(udp)), counters_(counters != nullptr ? counters : &own_counters_), cfg_(cfg) {}

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <new>
 
+#include "io/env.h"
 #include "io/kernel_touch.h"
 #include "io/netif.h"
 #include "wire/icrc.h"
@@ -158,8 +159,8 @@ std::expected<std::unique_ptr<UdpIo>, int> UdpIo::create(const wire::Gid& local_
   for (size_t i = 0; i < kMaxSockets; ++i) io->slots_[i].store(nullptr, std::memory_order_relaxed);
   io->epfd_ = epoll_create1(EPOLL_CLOEXEC);
   if (io->epfd_ < 0) return std::unexpected(errno);
-  if (const char* g = getenv("SOFTRDMA_GSO"); g != nullptr) io->gso_ = std::strcmp(g, "0") != 0;
-  if (kernel_touch_enabled()) io->touch_fd_ = kernel_touch_sink();  // -1: no touch
+  io->gso_ = env_switch_on("SOFTRDMA_GSO");
+  if (env_switch_on(kTouchEnv)) io->touch_fd_ = kernel_touch_sink();  // -1: no touch
   auto faults = RxFaults::from_env(io->counters_);
   if (!faults) return std::unexpected(faults.error());
   io->faults_ = std::move(*faults);

@@ -10,7 +10,7 @@
 namespace softrdma::core {
 
 namespace {
-thread_local io::TxBatch tls_tx;
+constinit thread_local io::TxBatch tls_tx;  // (constinit: no TLS init call per use)
 
 bool needs_local_write(WrOpcode op) {
   return op == WrOpcode::kRdmaRead || op == WrOpcode::kAtomicCmpAndSwp || op == WrOpcode::kAtomicFetchAndAdd;

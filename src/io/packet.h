@@ -22,8 +22,8 @@ struct TxPacket {
   uint32_t n_iov = 0;
   uint32_t payload_len = 0;  // sum of iov lengths
   uint8_t pad = 0;           // pad bytes (zeros) the backend appends before the ICRC; the BTH already says so
-  alignas(8) uint8_t hdr[kMaxHdr];
-  iovec iov[kMaxPayloadIov];
+  alignas(8) uint8_t hdr[kMaxHdr]{};  // (initialised, for constinit thread_local batches)
+  iovec iov[kMaxPayloadIov]{};
 };
 
 class TxSink {

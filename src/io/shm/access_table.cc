@@ -15,6 +15,7 @@
 #include "io/clock.h"
 #include "io/shm/copy_helper.h"
 #include "io/shm/peer_maps.h"
+#include "io/sys.h"
 
 namespace softrdma::io::shm {
 
@@ -253,8 +254,8 @@ int AccessTable::direct(void* map, size_t len, int pid, const DirectOp& op, Peer
         if (maps && op.nseg == 1 && op.length <= kMemFileMax) {
           if (const int fd = maps->acquire_mem(); fd >= 0) {
             const auto off = static_cast<off_t>(at);
-            const ssize_t r = op.read ? pread(fd, local[0].iov_base, op.length, off)
-                                      : pwrite(fd, local[0].iov_base, op.length, off);
+            const ssize_t r = op.read ? sys_pread(fd, local[0].iov_base, op.length, off)
+                                      : sys_pwrite(fd, local[0].iov_base, op.length, off);
             maps->release_mem();
             if (r == static_cast<ssize_t>(op.length)) rc = 2;
           }

@@ -21,6 +21,7 @@
 #include "io/env.h"
 #include "io/kernel_touch.h"
 #include "io/netif.h"
+#include "io/sys.h"
 #include "wire/icrc.h"
 #include "wire/opcode.h"
 
@@ -350,23 +351,6 @@ UdpIo::Socket* UdpIo::find_socket(uint16_t port) const {
   }
   return nullptr;
 }
-
-// glibc's recvmmsg and sendmmsg are cancellation points: each call switches asynchronous cancellation on
-// and off around the syscall, 4% of a poll of an empty CQ (about 20 ns). The sanitizers' interceptors need
-// the wrappers.
-namespace {
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-int sys_recvmmsg(int fd, mmsghdr* m, unsigned n, int flags) { return recvmmsg(fd, m, n, flags, nullptr); }
-int sys_sendmmsg(int fd, mmsghdr* m, unsigned n, int flags) { return sendmmsg(fd, m, n, flags); }
-#else
-int sys_recvmmsg(int fd, mmsghdr* m, unsigned n, int flags) {
-  return static_cast<int>(syscall(SYS_recvmmsg, fd, m, n, flags, nullptr));
-}
-int sys_sendmmsg(int fd, mmsghdr* m, unsigned n, int flags) {
-  return static_cast<int>(syscall(SYS_sendmmsg, fd, m, n, flags));
-}
-#endif
-}  // namespace
 
 // ---- Transmit ----
 

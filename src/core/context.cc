@@ -258,8 +258,27 @@ void Context::store_deadline(Qp& qp) {
 }
 
 namespace {
-// This thread drives from a poll of the application's (drive_from_app), not as the progress thread.
-constinit thread_local bool tls_app_drive = false;
+// The QPs whose posts this thread left queued (Context::corked), of one context at a time. A QP that
+// does not fit, or that another thread polls for, is sent by the next ACK or the release of a driver's
+// hold (RC: Transport::release_tx), or by its cork timer (UC/UD).
+struct CorkedList {
+  const Context* ctx = nullptr;
+  uint32_t n = 0;
+  uint32_t qpn[16]{};
+};
+
+// What a thread keeps between its verbs calls, in one thread-local object: in a shared library each
+// thread-local is found by a call (__tls_get_addr), and a poll of an empty CQ made five of them, a fifth
+// of its instructions.
+struct ThreadState {
+  CorkedList corked;
+  bool app_drive = false;  // this thread drives from a poll of the application's (drive_from_app)
+  // drive_from_app's: its clock, its polls, and its runs of polls that were blocked or found nothing
+  Nanos t = 0;
+  uint32_t polls = 0, blocked = 0, idle = 0;
+  io::TxBatch tx;
+};
+constinit thread_local ThreadState tls;
 }  // namespace
 
 void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now) {
@@ -359,7 +378,7 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
           scq->hold(now + kAnswerHoldNs);
           c.add(Counter::answer_holds);
         }
-        if (scq->channel() || !tls_app_drive) answer_late = true;
+        if (scq->channel() || !tls.app_drive) answer_late = true;
       }
     }
     store_deadline(*qp);
@@ -412,20 +431,8 @@ Nanos Context::tick(io::TxBatch& tx, Nanos now) {
   return next;
 }
 
-namespace {
-// The QPs whose posts this thread left queued (Context::corked), of one context at a time. A QP that
-// does not fit, or that another thread polls for, is sent by the next ACK or the release of a driver's
-// hold (RC: Transport::release_tx), or by its cork timer (UC/UD).
-struct CorkedList {
-  const Context* ctx = nullptr;
-  uint32_t n = 0;
-  uint32_t qpn[16]{};
-};
-constinit thread_local CorkedList tls_corked;
-}  // namespace
-
 void Context::corked(uint32_t qpn) {
-  CorkedList& l = tls_corked;
+  CorkedList& l = tls.corked;
   if (l.ctx != this) {
     if (l.n) return;
     l.ctx = this;
@@ -436,7 +443,7 @@ void Context::corked(uint32_t qpn) {
 // Inside the driver's exclusion, as a receive: a QP destroyed meanwhile is gone from the table, and
 // destroy_qp waits for an odd generation to pass before it frees one found here.
 void Context::send_corked() {
-  CorkedList& l = tls_corked;
+  CorkedList& l = tls.corked;
   if (l.n == 0 || l.ctx != this) return;
   driver_gen_.fetch_add(1, std::memory_order_seq_cst);  // odd: busy
   for (uint32_t i = 0; i < l.n; ++i)
@@ -488,10 +495,10 @@ int Context::drive(io::TxBatch& tx, Nanos now, bool run_timers) {
 }
 
 bool Context::drive_from_app() {
-  constinit thread_local io::TxBatch tx;
-  thread_local Nanos t = 0;
-  thread_local uint32_t polls = 0;
-  tx.sink = backend_;
+  ThreadState& ts = tls;
+  uint32_t& polls = ts.polls;
+  Nanos& t = ts.t;
+  ts.tx.sink = backend_;
   // A polling loop calls this millions of times a second; reading the clock each time cost 6% of the
   // CPU in rc-bench's profile. Every 16th call is fresh enough for the "application is busy-polling" mark
   // and for deciding whether timers are due (drive reads the clock itself when packets arrive).
@@ -507,21 +514,21 @@ bool Context::drive_from_app() {
     app_cpu_.store(sched_getcpu(), std::memory_order_relaxed);
   }
   // Posts this thread left queued go in this drive (send_corked); UC/UD ones complete as they go.
-  const bool corked = tls_corked.n != 0 && tls_corked.ctx == this;
-  tls_app_drive = true;
-  const int got = drive(tx, t, false);
-  tls_app_drive = false;
+  const bool corked = ts.corked.n != 0 && ts.corked.ctx == this;
+  ts.app_drive = true;
+  const int got = drive(ts.tx, t, false);
+  ts.app_drive = false;
   // Another thread has been driving through many polls: the progress thread, preempted on this CPU while
   // it held the receive path (a woken progress thread runs briefly; if the scheduler's tick falls then,
   // this thread spun without progress until the next tick, 4 ms). Yield so that it can finish.
-  thread_local uint32_t blocked = 0;
+  uint32_t& blocked = ts.blocked;
   // A run of polls that found nothing: yield now and then. A progress thread that a packet woke on this
   // CPU waits behind this thread otherwise: the scheduler (EEVDF) does not let it preempt while its lag is
   // negative, and this thread enters the kernel only for receive calls that do not reschedule, so it
   // waited for the next tick (4 ms; perf sched timehist). What this thread waits for is often what that
   // one is to send: ib_write_lat's sender polls for the ACK of the peer's progress thread. Measured, 8-byte
   // ib_write_lat over UDP: 680 -> 20 us average, 4 ms -> 40 us at the 99.9th percentile.
-  thread_local uint32_t idle = 0;
+  uint32_t& idle = ts.idle;
   if (got >= 0) {
     blocked = 0;
     idle = got > 0 ? 0 : idle + 1;

@@ -49,12 +49,12 @@ class Verbs : public ::testing::Test {
     }
   }
 
-  ibv_qp* create_rc(uint32_t max_inline = 64) {
+  ibv_qp* create_rc(uint32_t max_inline = 64, uint32_t max_wr = 16) {
     ibv_qp_init_attr a{};
     a.send_cq = cq_;
     a.recv_cq = cq_;
     a.qp_type = IBV_QPT_RC;
-    a.cap = {16, 16, 1, 1, max_inline};
+    a.cap = {max_wr, max_wr, 1, 1, max_inline};
     return ibv_create_qp(pd_, &a);
   }
 
@@ -254,6 +254,83 @@ TEST_F(Verbs, SelfConnectedRcSendAndRecv) {
   EXPECT_EQ(sends, 1);
   EXPECT_EQ(recvs, 1);
   EXPECT_STREQ(buf_.data() + 2048, "hello, verbs");
+}
+
+// Lists longer than the library's batch of 16 WRs: each WR goes, in order, and a bad one in the second
+// batch stops the list there (bad_wr), with the ones before it posted, as rdma-core's providers do.
+TEST_F(Verbs, ListsLongerThanABatchGoInOrderAndStopAtABadWr) {
+  qp_ = create_rc(0, 32);
+  ASSERT_NE(qp_, nullptr);
+  constexpr int kN = 24;
+  ibv_sge rsge[kN], ssge[kN];
+  ibv_recv_wr rwr[kN]{};
+  ibv_send_wr swr[kN]{};
+  for (int i = 0; i < kN; ++i) {
+    buf_[i] = static_cast<char>(0x40 + i);
+    rsge[i] = {reinterpret_cast<uintptr_t>(buf_.data() + 2048 + 64 * i), 64, mr_->lkey};
+    rwr[i].wr_id = 100 + i;
+    rwr[i].sg_list = &rsge[i];
+    rwr[i].num_sge = 1;
+    rwr[i].next = i + 1 < kN ? &rwr[i + 1] : nullptr;
+    ssge[i] = {reinterpret_cast<uintptr_t>(buf_.data() + i), 1, mr_->lkey};
+    swr[i].wr_id = i;
+    swr[i].sg_list = &ssge[i];
+    swr[i].num_sge = 1;
+    swr[i].opcode = IBV_WR_SEND;
+    swr[i].send_flags = IBV_SEND_SIGNALED;
+    swr[i].next = i + 1 < kN ? &swr[i + 1] : nullptr;
+  }
+  ASSERT_EQ(to_init(qp_), 0);
+  ibv_recv_wr* rbad = nullptr;
+  ASSERT_EQ(ibv_post_recv(qp_, rwr, &rbad), 0);
+  to_rts_self(qp_);
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_send(qp_, swr, &bad), 0);
+  // Polls until `want` completions came (or a bounded number of polls): their wr_ids in order, by opcode.
+  auto drain = [this](int want, std::vector<uint64_t>* sends, std::vector<uint64_t>* recvs) {
+    for (int got = 0, spins = 0; got < want && spins < 50000000; ++spins) {
+      ibv_wc wc[8];
+      const int n = ibv_poll_cq(cq_, 8, wc);
+      ASSERT_GE(n, 0);
+      for (int i = 0; i < n; ++i) {
+        EXPECT_EQ(wc[i].status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc[i].status);
+        (wc[i].opcode == IBV_WC_RECV ? recvs : sends)->push_back(wc[i].wr_id);
+      }
+      got += n;
+    }
+  };
+  std::vector<uint64_t> sends, recvs;
+  drain(2 * kN, &sends, &recvs);
+  ASSERT_EQ(sends.size(), static_cast<size_t>(kN));
+  ASSERT_EQ(recvs.size(), static_cast<size_t>(kN));
+  for (int i = 0; i < kN; ++i) {
+    EXPECT_EQ(sends[i], static_cast<uint64_t>(i));
+    EXPECT_EQ(recvs[i], static_cast<uint64_t>(100 + i));
+    EXPECT_EQ(buf_[2048 + 64 * i], static_cast<char>(0x40 + i)) << "message " << i << " in receive " << i;
+  }
+
+  // WRITEs this time (no receive needed): the 19th of 20 names a negative number of SGEs.
+  constexpr int kBadAt = 18;
+  for (int i = 0; i < 20; ++i) {
+    swr[i].opcode = IBV_WR_RDMA_WRITE;
+    swr[i].wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(buf_.data() + 3500 + i);
+    swr[i].wr.rdma.rkey = mr_->rkey;
+    swr[i].next = i + 1 < 20 ? &swr[i + 1] : nullptr;
+  }
+  swr[kBadAt].num_sge = -1;
+  bad = nullptr;
+  EXPECT_EQ(ibv_post_send(qp_, swr, &bad), EINVAL);
+  EXPECT_EQ(bad, &swr[kBadAt]);
+  sends.clear();
+  drain(kBadAt, &sends, &recvs);
+  ASSERT_EQ(sends.size(), static_cast<size_t>(kBadAt));
+  for (int i = 0; i < kBadAt; ++i) {
+    EXPECT_EQ(sends[i], static_cast<uint64_t>(i));
+    EXPECT_EQ(buf_[3500 + i], static_cast<char>(0x40 + i));
+  }
+  EXPECT_EQ(buf_[3500 + kBadAt], 0) << "the bad WR and those after it were not posted";
+  ibv_wc extra;
+  EXPECT_EQ(ibv_poll_cq(cq_, 1, &extra), 0);
 }
 
 TEST_F(Verbs, ExtendedShapes) {

@@ -143,12 +143,13 @@ Cq::~Cq() = default;
 bool Cq::push(const Wc& wc, bool solicited) {
   {
     std::lock_guard g(lock_);
-    if (tail_ - head_ >= cap_) {
+    const uint64_t tail = tail_.load(std::memory_order_relaxed);
+    if (tail - head_.load(std::memory_order_relaxed) >= cap_) {
       overflow_.store(true, std::memory_order_relaxed);
       return false;
     }
-    ring_[tail_ & mask_] = wc;
-    ++tail_;
+    ring_[tail & mask_] = wc;
+    tail_.store(tail + 1, std::memory_order_release);
   }
   const uint8_t armed = armed_.load(std::memory_order_acquire);
   // Solicited-only arming fires on solicited completions and on any error completion.
@@ -189,9 +190,15 @@ bool Cq::held() {
 }
 
 uint32_t Cq::take(std::span<Wc> out) {
+  // An empty CQ, most polls of a polling loop, is seen without the lock (a completion pushed meanwhile
+  // is the next poll's, as if this one had come a moment earlier).
+  if (tail_.load(std::memory_order_acquire) == head_.load(std::memory_order_relaxed)) return 0;
   std::lock_guard g(lock_);
+  uint64_t head = head_.load(std::memory_order_relaxed);
+  const uint64_t tail = tail_.load(std::memory_order_relaxed);
   uint32_t n = 0;
-  while (n < out.size() && head_ != tail_) out[n++] = ring_[head_++ & mask_];
+  while (n < out.size() && head != tail) out[n++] = ring_[head++ & mask_];
+  head_.store(head, std::memory_order_relaxed);
   return n;
 }
 

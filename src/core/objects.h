@@ -146,7 +146,8 @@ class Cq {
   // Completions waiting to be polled.
   uint32_t pending() const {
     std::lock_guard g(lock_);
-    return static_cast<uint32_t>(tail_ - head_);
+    return static_cast<uint32_t>(tail_.load(std::memory_order_relaxed) -
+                                 head_.load(std::memory_order_relaxed));
   }
   bool overflowed() const { return overflow_.load(std::memory_order_relaxed); }
   Context* ctx() const { return ctx_; }
@@ -176,8 +177,9 @@ class Cq {
   uint32_t mask_;
   std::vector<Wc> ring_;
   mutable SpinLock lock_;
-  uint64_t head_ = 0;  // next to poll
-  uint64_t tail_ = 0;  // next to fill
+  // Changed under lock_; atomic so that a poll may find the CQ empty without it (take).
+  std::atomic<uint64_t> head_{0};  // next to poll
+  std::atomic<uint64_t> tail_{0};  // next to fill
   std::atomic<uint8_t> armed_{0};  // 0 off, 1 any completion, 2 solicited only
   std::atomic<bool> overflow_{false};
 };

@@ -309,11 +309,12 @@ TEST_F(Verbs, ListsLongerThanABatchGoInOrderAndStopAtABadWr) {
     EXPECT_EQ(buf_[2048 + 64 * i], static_cast<char>(0x40 + i)) << "message " << i << " in receive " << i;
   }
 
-  // WRITEs this time (no receive needed): the 19th of 20 names a negative number of SGEs.
+  // WRITEs this time (no receive needed), past the receive buffers (2048..3583): the 19th of 20 names a
+  // negative number of SGEs.
   constexpr int kBadAt = 18;
   for (int i = 0; i < 20; ++i) {
     swr[i].opcode = IBV_WR_RDMA_WRITE;
-    swr[i].wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(buf_.data() + 3500 + i);
+    swr[i].wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(buf_.data() + 3600 + i);
     swr[i].wr.rdma.rkey = mr_->rkey;
     swr[i].next = i + 1 < 20 ? &swr[i + 1] : nullptr;
   }
@@ -326,9 +327,9 @@ TEST_F(Verbs, ListsLongerThanABatchGoInOrderAndStopAtABadWr) {
   ASSERT_EQ(sends.size(), static_cast<size_t>(kBadAt));
   for (int i = 0; i < kBadAt; ++i) {
     EXPECT_EQ(sends[i], static_cast<uint64_t>(i));
-    EXPECT_EQ(buf_[3500 + i], static_cast<char>(0x40 + i));
+    EXPECT_EQ(buf_[3600 + i], static_cast<char>(0x40 + i));
   }
-  EXPECT_EQ(buf_[3500 + kBadAt], 0) << "the bad WR and those after it were not posted";
+  EXPECT_EQ(buf_[3600 + kBadAt], 0) << "the bad WR and those after it were not posted";
   ibv_wc extra;
   EXPECT_EQ(ibv_poll_cq(cq_, 1, &extra), 0);
 }

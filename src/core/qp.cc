@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/context.h"
+#include "core/scratch.h"
 #include "transport/transport.h"
 
 namespace softrdma::core {
@@ -18,9 +19,10 @@ bool needs_local_write(WrOpcode op) {
 
 // Runs the requester on what is queued, sends it, and publishes the QP's next timer deadline.
 void run_requester(Qp& qp) {
-  tls_tx.sink = qp.ctx()->backend();
-  Transport::send_posted(qp, tls_tx, qp.ctx()->now());
-  tls_tx.flush();
+  io::TxBatch& tx = once(tls_tx);
+  tx.sink = qp.ctx()->backend();
+  Transport::send_posted(qp, tx, qp.ctx()->now());
+  tx.flush();
   qp.publish_deadline();
 }
 
@@ -223,9 +225,10 @@ void Qp::flush_deferred_ack() {
 
 void Qp::send_deferred_ack() {
   if (!resp_.ack_pending) return;
-  tls_tx.sink = ctx_->backend();
-  Transport::flush_ack(*this, tls_tx);
-  tls_tx.flush();
+  io::TxBatch& tx = once(tls_tx);
+  tx.sink = ctx_->backend();
+  Transport::flush_ack(*this, tx);
+  tx.flush();
 }
 
 int Qp::post_recv(std::span<const RecvWr> wrs, size_t* bad) {

@@ -267,7 +267,7 @@ struct CorkedList {
   uint32_t qpn[16]{};
 };
 
-// What a thread keeps between its verbs calls, in one thread-local object (read through `once`): in a
+// What a thread keeps between its verbs calls, in one thread-local object (read through `tls_once`): in a
 // shared library each thread-local is found by a call, and a poll of an empty CQ made five of them.
 struct ThreadState {
   CorkedList corked;
@@ -431,7 +431,7 @@ Nanos Context::tick(io::TxBatch& tx, Nanos now) {
 }
 
 void Context::corked(uint32_t qpn) {
-  CorkedList& l = once(tls).corked;
+  CorkedList& l = tls_once(tls).corked;
   if (l.ctx != this) {
     if (l.n) return;
     l.ctx = this;
@@ -442,7 +442,7 @@ void Context::corked(uint32_t qpn) {
 // Inside the driver's exclusion, as a receive: a QP destroyed meanwhile is gone from the table, and
 // destroy_qp waits for an odd generation to pass before it frees one found here.
 void Context::send_corked() {
-  CorkedList& l = once(tls).corked;
+  CorkedList& l = tls_once(tls).corked;
   if (l.n == 0 || l.ctx != this) return;
   driver_gen_.fetch_add(1, std::memory_order_seq_cst);  // odd: busy
   for (uint32_t i = 0; i < l.n; ++i)
@@ -494,7 +494,7 @@ int Context::drive(io::TxBatch& tx, Nanos now, bool run_timers) {
 }
 
 bool Context::drive_from_app() {
-  ThreadState& ts = once(tls);
+  ThreadState& ts = tls_once(tls);
   uint32_t& polls = ts.polls;
   Nanos& t = ts.t;
   ts.tx.sink = backend_;

@@ -19,7 +19,7 @@ bool needs_local_write(WrOpcode op) {
 
 // Runs the requester on what is queued, sends it, and publishes the QP's next timer deadline.
 void run_requester(Qp& qp) {
-  io::TxBatch& tx = once(tls_tx);
+  io::TxBatch& tx = tls_once(tls_tx);
   tx.sink = qp.ctx()->backend();
   Transport::send_posted(qp, tx, qp.ctx()->now());
   tx.flush();
@@ -225,7 +225,7 @@ void Qp::flush_deferred_ack() {
 
 void Qp::send_deferred_ack() {
   if (!resp_.ack_pending) return;
-  io::TxBatch& tx = once(tls_tx);
+  io::TxBatch& tx = tls_once(tls_tx);
   tx.sink = ctx_->backend();
   Transport::flush_ack(*this, tx);
   tx.flush();

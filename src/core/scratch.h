@@ -20,7 +20,7 @@ union Scratch {
 // (in the shared library a TLS descriptor call each time; a poll of an empty CQ made five). The empty asm
 // hides where the pointer came from, so the compiler keeps it in a register instead.
 template <class T>
-T& once(T& t) {
+T& tls_once(T& t) {
   T* p = &t;
   asm("" : "+r"(p));
   return *p;

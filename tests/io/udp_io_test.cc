@@ -577,7 +577,7 @@ TEST(UdpIoTest, CountsWhatTheKernelDroppedForAFullSocket) {
     if (n == 0) break;
     got += n;
   }
-  // The count is read after a receive call that got several datagrams (the drain's), so one more datagram
+  // The count is read after a receive call that filled its batch (the drain's first), so one more datagram
   // changes nothing.
   s.send(dst, pkt);
   got += receive(*b->io, 1).size();

@@ -35,14 +35,17 @@ constexpr uint8_t kZeros[4] = {};
 // TOS/traffic class, TTL/hop limit and the GRO segment size, with room to spare.
 constexpr size_t kRxCtrlLen = 3 * CMSG_SPACE(sizeof(int)) + 32;
 // The socket's drop count is read (SO_MEMINFO) after a receive call that filled every message it asked
-// for (two or more), and after this many other calls that returned data. Drops mean a full receive buffer:
-// 16 MiB holds far more datagrams than a call asks for (kRxBatch), even GRO-coalesced ones of 64 KiB, so
-// the call after an overflow fills its batch. Read after every call that returned several datagrams, as it
-// was, it was a getsockopt per burst of a stream: 7 per MiB of 1 MiB socket ib_write_bw beside 31
-// recvmmsg. Asked for with every datagram instead (SO_RXQ_OVFL, a control message), it cost each receive
-// 0.15 us: 8-byte socket-path ib_write_lat, the receive call that returns the peer's packets 2.10-2.21 ->
-// 1.94-2.05 us (timed with rdtsc around it, a temporary trace). Drops for other causes (a bad UDP
-// checksum) show up within kDropCheckEvery calls.
+// for (two or more), after kDropCheckMulti other calls that returned several datagrams, and after
+// kDropCheckEvery calls that returned data. Drops mean a full receive buffer. 16 MiB (SO_RCVBUFFORCE, as
+// root) holds far more datagrams than a call asks for (kRxBatch), even GRO-coalesced ones of 64 KiB, so
+// the call after an overflow fills its batch; a buffer capped by net.core.rmem_max (SO_RCVBUF, not root:
+// 416 KiB by default) may hold only a few coalesced ones, whose drops the second rule counts. Read after
+// every call that returned several datagrams, as it was, it was a getsockopt per burst of a stream: 7 per
+// MiB of 1 MiB socket ib_write_bw beside 31 recvmmsg. Asked for with every datagram instead (SO_RXQ_OVFL,
+// a control message), it cost each receive 0.15 us: 8-byte socket-path ib_write_lat, the receive call that
+// returns the peer's packets 2.10-2.21 -> 1.94-2.05 us (timed with rdtsc around it, a temporary trace).
+// Drops for other causes (a bad UDP checksum) show up within kDropCheckEvery calls.
+constexpr uint32_t kDropCheckMulti = 64;
 constexpr uint32_t kDropCheckEvery = 1024;
 
 union SockAddr {
@@ -111,7 +114,8 @@ struct UdpIo::Socket {
   bool in_epoll = false;  // registered in epfd_ (UdpIo::sync_epoll; under ctl_mu_)
   // The kernel's count of datagrams this socket dropped (full buffer, bad checksum), as last read.
   uint32_t overflows = 0;
-  uint32_t unchecked_reads = 0;     // receive calls that returned data since the drop count was read
+  // Receive calls since the drop count was read: that returned data, and that returned several datagrams.
+  uint32_t unchecked_reads = 0, unchecked_multi = 0;
   std::unique_ptr<uint8_t[]> bufs;  // kRxBatch x kRxBufSize
   mmsghdr msgs[kRxBatch];
   iovec iov[kRxBatch];
@@ -544,7 +548,7 @@ uint32_t UdpIo::rx_burst(RxPacket* out, uint32_t max) {
 }
 
 uint32_t UdpIo::take_drops(Socket& s) {
-  s.unchecked_reads = 0;
+  s.unchecked_reads = s.unchecked_multi = 0;
   uint32_t mem[SK_MEMINFO_VARS];
   socklen_t len = sizeof mem;
   if (getsockopt(s.fd, SOL_SOCKET, SO_MEMINFO, mem, &len) != 0 || len <= SK_MEMINFO_DROPS * sizeof(uint32_t))
@@ -584,7 +588,8 @@ uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t no
       return 0;
     }
     s.idle = false;
-    if ((r > 1 && static_cast<uint32_t>(r) == vlen) || ++s.unchecked_reads >= kDropCheckEvery)
+    if ((r > 1 && (static_cast<uint32_t>(r) == vlen || ++s.unchecked_multi >= kDropCheckMulti)) ||
+        ++s.unchecked_reads >= kDropCheckEvery)
       overflowed = take_drops(s);
     s.n_msgs = static_cast<uint32_t>(r);
     s.next_msg = s.next_off = 0;

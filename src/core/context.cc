@@ -377,7 +377,7 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
           scq->hold(now + kAnswerHoldNs);
           c.add(Counter::answer_holds);
         }
-        if (scq->channel() || !tls.app_drive) answer_late = true;
+        if (scq->channel() || !tls_once(tls).app_drive) answer_late = true;
       }
     }
     store_deadline(*qp);

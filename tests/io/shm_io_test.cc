@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -54,7 +55,8 @@ struct Side {
   wire::Endpoint ep() const { return {io->local_addr(), port}; }
 };
 
-std::unique_ptr<Side> make_side(const std::string& dir, uint64_t netns = 0, uint32_t slots = 64) {
+std::unique_ptr<Side> make_side(const std::string& dir, uint64_t netns = 0, uint32_t slots = 64,
+                                bool prewarm = true) {
   auto s = std::make_unique<Side>();
   auto udp = UdpIo::create(loopback(), &s->counters);
   if (!udp) return nullptr;
@@ -62,6 +64,7 @@ std::unique_ptr<Side> make_side(const std::string& dir, uint64_t netns = 0, uint
   cfg.dir = dir;
   cfg.ring_slots = slots;
   cfg.netns = netns;
+  cfg.prewarm = prewarm;
   auto io = ShmIo::create(std::move(*udp), &s->counters, cfg);
   if (!io) return nullptr;
   s->io = std::move(*io);
@@ -396,29 +399,54 @@ TEST(ShmIo, SleepingReceiverGetsOneDoorbellBusyOneGetsNone) {
   EXPECT_TRUE(b->io->arm_wakeup());
 }
 
+// One 8-byte packet from `from` to `to`, received; then `to`'s progress thread would go to sleep.
+void packet_then_sleep(Side& from, Side& to) {
+  std::vector<uint8_t> payload(8, 1);
+  TxPacket p;
+  make_packet(p, from, to.ep(), 1, payload);
+  from.io->tx_burst(std::span(&p, 1));
+  EXPECT_EQ(receive(to, 1).size(), 1u);
+  to.io->before_sleep();
+}
+
 // The receiver warms a ring's pages up (before it sleeps) once the ring has carried a packet, and once:
-// a ring claimed by a peer that only ever goes one-sided costs it nothing.
+// a ring claimed by a peer that only ever goes one-sided costs it nothing. (Ports opened without the
+// warm-up of ring 0, which the next test covers.)
 TEST(ShmIo, ARingIsWarmedUpOnceAfterItsFirstPacket) {
   TempDir dir;
-  auto a = make_side(dir.path), b = make_side(dir.path);
+  auto a = make_side(dir.path, 0, 64, false), b = make_side(dir.path, 0, 64, false);
   ASSERT_TRUE(a && b);
   ASSERT_TRUE(a->io->reaches(b->ep()));  // claims a ring in b's port
   RxPacket pkts[4];
   EXPECT_EQ(b->io->rx_burst(pkts, 4), 0u);  // b starts reading it
   b->io->before_sleep();
   EXPECT_EQ(b->counters.get(Counter::shm_rings_warmed), 0u) << "a ring without packets was warmed up";
-  std::vector<uint8_t> payload(8, 1);
-  TxPacket p;
-  make_packet(p, *a, b->ep(), 1, payload);
-  a->io->tx_burst(std::span(&p, 1));
-  EXPECT_EQ(receive(*b, 1).size(), 1u);
-  b->io->before_sleep();
+  packet_then_sleep(*a, *b);
   EXPECT_EQ(b->counters.get(Counter::shm_rings_warmed), 1u);
-  a->io->tx_burst(std::span(&p, 1));
-  EXPECT_EQ(receive(*b, 1).size(), 1u);
-  b->io->before_sleep();
+  packet_then_sleep(*a, *b);
   EXPECT_EQ(b->counters.get(Counter::shm_rings_warmed), 1u) << "warmed up twice";
   EXPECT_EQ(a->counters.get(Counter::shm_rings_warmed), 0u);
+}
+
+// Ring 0, the one a port's first sender claims, is warmed up when the port opens (given room in the
+// directory's filesystem), and its first packet does not warm it up again; a second sender's ring is
+// warmed up after its first packet, as without it.
+TEST(ShmIo, TheFirstSendersRingIsWarmedUpWhenThePortOpens) {
+  TempDir dir;
+  struct statvfs vs;
+  ASSERT_EQ(statvfs(dir.path.c_str(), &vs), 0);
+  if (uint64_t{vs.f_bavail} * vs.f_frsize < ShmIo::kPrewarmFreeRings * 2 * shm::ring_stride(64))
+    GTEST_SKIP() << "not enough room in " << dir.path << " for the warm-up";
+  auto a = make_side(dir.path), b = make_side(dir.path), c = make_side(dir.path);
+  ASSERT_TRUE(a && b && c);
+  EXPECT_EQ(b->counters.get(Counter::shm_rings_prewarmed), 1u);
+  ASSERT_TRUE(a->io->reaches(b->ep()));  // ring 0
+  ASSERT_TRUE(c->io->reaches(b->ep()));  // ring 1
+  packet_then_sleep(*a, *b);
+  EXPECT_EQ(b->counters.get(Counter::shm_rings_warmed), 0u) << "ring 0 warmed up again";
+  packet_then_sleep(*c, *b);
+  EXPECT_EQ(b->counters.get(Counter::shm_rings_warmed), 1u);
+  EXPECT_EQ(b->counters.get(Counter::shm_rings_prewarmed), 1u);
 }
 
 TEST(ShmIo, OffWhenNoPortFileAndOtherNamespacesAreNotFound) {

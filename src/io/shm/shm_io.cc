@@ -7,6 +7,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -69,6 +70,7 @@ struct ShmIo::OwnPort {
     uint32_t epoch = 0;
     std::atomic<bool> active{false};
     std::atomic<bool> untouched{false};  // touch_rings has not warmed its pages up yet
+    bool prewarmed = false;              // warmed up when the port opened (prewarm_first_ring)
     std::atomic<uint64_t> head{0};       // next position to read (read by arm_wakeup from another thread)
     uint64_t released = 0;               // positions below this are given back to the producers
   };
@@ -358,6 +360,7 @@ int ShmIo::publish(OwnPort& o) {
   h->sleeping.store(1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
   h->magic = shm::kPortMagic;
+  prewarm_first_ring(fd, o, static_cast<uint8_t*>(map), *h);
   if (rename(tmp.c_str(), o.path.c_str()) != 0) return fail(errno);
   o.fd = fd;
   o.ino = st.st_ino;
@@ -369,6 +372,27 @@ int ShmIo::publish(OwnPort& o) {
     o.rx[i].ring = Ring(o.map + h->rings_offset + size_t{i} * h->ring_stride, h->nslots);
   o.seen_gen.store(~0ull, std::memory_order_relaxed);
   return 0;
+}
+
+// Before the port file is visible (no sender can claim a ring yet): ring 0, the one the first sender
+// claims, allocated and warmed up as touch_rings would warm it after its first packet. That pass is paid
+// here, in the thread that opens the port (ibv_create_qp), not while packets flow: a process whose
+// application does not poll (ib_atomic_lat's server) has only its progress thread to receive, and the
+// pass (17-23 ms here) held the request that came meanwhile as long. Measured, same-host 8-byte
+// ib_send_lat, 6 interleaved pairs of 5,000 iterations: average 2.90-4.86 -> 2.32-3.17 us, worst iteration
+// 1.7-2.0 ms -> 49-383 us; ib_atomic_lat's worst 1.2-4.1 ms (12-31 ms in other runs) -> 0.15-0.34 ms.
+// Only with room to spare: the ring is 8.4 MiB of /dev/shm whether or not a same-host peer comes, and a
+// small /dev/shm (64 MiB in a container) is kept for the rings that peers do claim.
+void ShmIo::prewarm_first_ring(int fd, OwnPort& o, uint8_t* map, const PortHeader& h) {
+  struct statvfs vs;
+  if (!cfg_.prewarm || fstatvfs(fd, &vs) != 0 ||
+      uint64_t{vs.f_bavail} * vs.f_frsize < kPrewarmFreeRings * h.ring_stride)
+    return;
+  if (posix_fallocate(fd, static_cast<off_t>(h.rings_offset), static_cast<off_t>(h.ring_stride)) != 0) return;
+  populate(map + h.rings_offset, h.ring_stride);
+  Ring(map + h.rings_offset, h.nslots).touch();
+  o.rx[0].prewarmed = true;
+  counters_->add(Counter::shm_rings_prewarmed);
 }
 
 // Senders see `closed` and go back to UDP; the mapping stays until the end (arm_wakeup may be reading it).
@@ -404,7 +428,8 @@ void ShmIo::scan_entries(OwnPort& o, uint64_t gen) {
       if (!active || r.epoch != epoch) {
         if (!active) {
           populate(o.map + o.hdr->rings_offset + size_t{i} * o.hdr->ring_stride, o.hdr->ring_stride);
-          r.untouched.store(true, std::memory_order_relaxed);  // warmed up once packets come (rx_rings)
+          // Warmed up once packets come (rx_rings), unless it was when the port opened.
+          r.untouched.store(!r.prewarmed, std::memory_order_relaxed);
         }
         r.epoch = epoch;
         r.head.store(0, std::memory_order_relaxed);

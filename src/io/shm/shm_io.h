@@ -67,7 +67,10 @@ class ShmIo : public Backend {
     std::string dir = "/dev/shm";
     uint32_t ring_slots = shm::kDefaultSlots;  // a power of two
     uint64_t netns = 0;                         // 0: this process's network namespace (tests set others)
+    bool prewarm = true;                        // ring 0 warmed up when a port opens (prewarm_first_ring)
   };
+  // The free space (in rings) that the warm-up of a port's ring 0 leaves alone (Config::prewarm).
+  static constexpr uint64_t kPrewarmFreeRings = 16;
 
   // Whether the environment asks for the path (SOFTRDMA_SHM unset or anything but "0").
   static bool enabled_by_env();
@@ -127,6 +130,9 @@ class ShmIo : public Backend {
   // progress thread calls it before it sleeps, so that the receive path is not held for the ~10 ms it takes.
   void touch_rings();
   struct OwnPort;
+  // Allocates and warms up ring 0 of a port being published (before its file is visible), when its
+  // filesystem has room for kPrewarmFreeRings rings.
+  void prewarm_first_ring(int fd, OwnPort& o, uint8_t* map, const shm::PortHeader& h);
   struct Peer;
   struct PeerSlot;
 

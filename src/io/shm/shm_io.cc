@@ -426,13 +426,10 @@ void ShmIo::scan_entries(OwnPort& o, uint64_t gen) {
     if (st == RingEntry::kReady) {
       const uint32_t epoch = e.epoch.load(std::memory_order_acquire);
       if (!active || r.epoch != epoch) {
-        // Warmed up once packets come (rx_rings), unless it was when the port opened: then its page tables
-        // are filled already, and a populate of the filled ring costs about 1 ms here, in the receive path
-        // (the first iteration of same-host ib_send_lat took 0.4-1.1 ms with it).
-        if (!active && !r.prewarmed) {
-          populate(o.map + o.hdr->rings_offset + size_t{i} * o.hdr->ring_stride, o.hdr->ring_stride);
-          r.untouched.store(true, std::memory_order_relaxed);
-        }
+        // Warmed up once packets come (touch_rings), unless it was when the port opened. (Not populated
+        // here, in the receive path: the populate of a ring took 1-3 ms, of one already filled about 1 ms,
+        // and the first iteration of same-host ib_send_lat took 0.4-1.1 ms with it.)
+        if (!active && !r.prewarmed) r.untouched.store(true, std::memory_order_relaxed);
         r.epoch = epoch;
         r.head.store(0, std::memory_order_relaxed);
         r.released = 0;
@@ -566,12 +563,14 @@ void ShmIo::touch_rings() {
   for (uint32_t k = 0; k < n; ++k) {
     OwnPort& o = own_[k];
     if (!o.open.load(std::memory_order_acquire)) continue;
-    for (OwnPort::RxRing& r : o.rx) {
+    for (uint32_t i = 0; i < shm::kMaxRings; ++i) {
+      OwnPort::RxRing& r = o.rx[i];
       // Only a ring that has carried a packet: one whose peer reaches this process one-sided only (a
       // same-host 1 MiB ib_write_bw) may never carry any, and the warm-up takes ~10 ms of a CPU per ring.
       if (!r.untouched.load(std::memory_order_relaxed) || r.head.load(std::memory_order_relaxed) == 0)
         continue;
       r.untouched.store(false, std::memory_order_relaxed);
+      populate(o.map + o.hdr->rings_offset + size_t{i} * o.hdr->ring_stride, o.hdr->ring_stride);
       r.ring.touch();
       ++warmed;
     }

@@ -69,7 +69,8 @@ class ShmIo : public Backend {
     uint64_t netns = 0;                         // 0: this process's network namespace (tests set others)
     bool prewarm = true;                        // ring 0 warmed up when a port opens (prewarm_first_ring)
   };
-  // The free space (in rings) that the warm-up of a port's ring 0 leaves alone (Config::prewarm).
+  // A port's ring 0 is warmed up when it opens (Config::prewarm) only if its filesystem has room for this
+  // many rings.
   static constexpr uint64_t kPrewarmFreeRings = 16;
 
   // Whether the environment asks for the path (SOFTRDMA_SHM unset or anything but "0").
@@ -126,8 +127,9 @@ class ShmIo : public Backend {
   static int collect_garbage(const std::string& dir);
 
  private:
-  // Warms up the rings this process reads that have carried a packet (Ring::touch), once each; the
-  // progress thread calls it before it sleeps, so that the receive path is not held for the ~10 ms it takes.
+  // Populates and warms up the rings this process reads that have carried a packet (Ring::touch), once
+  // each (not a ring 0 that prewarm_first_ring did); the progress thread calls it before it sleeps, so
+  // that the receive path is not held for the ~10 ms it takes.
   void touch_rings();
   struct OwnPort;
   // Allocates and warms up ring 0 of a port being published (before its file is visible), when its

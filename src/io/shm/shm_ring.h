@@ -104,6 +104,7 @@ class Ring {
         mask_(nslots - 1) {}
   bool valid() const { return hdr_ != nullptr; }
   uint32_t size() const { return nslots_; }
+  uint8_t* mem() const { return reinterpret_cast<uint8_t*>(hdr_); }  // where the ring begins
 
   // Before the ring is published: every slot free for the first lap.
   void init() {

@@ -23,6 +23,12 @@
 //                                               of up to 1 KiB) and spinning on the last byte for the
 //                                               answer: what a same-host one-sided WRITE ping-pong costs
 //                                               with no work around the syscall (ib_write_lat's pattern)
+//   floor-bench machine SECONDS                 what the machine itself costs every latency figure: a
+//                                               system call (getppid, the cheapest; median of batches), and
+//                                               the pauses of a thread that spins alone on each CPU (all CPUs
+//                                               at once, for SECONDS): how often it stops for 10 us or more
+//                                               (the host taking the virtual CPU, interrupts), for how long,
+//                                               at what period, and the share of its time they take
 //
 // Both sides of the ping-pong spin on non-blocking sockets (recv with MSG_DONTWAIT), as a busy-polling RDMA
 // application spins on its CQ, so the figure is the kernel's UDP loopback path and nothing else. The client
@@ -33,8 +39,10 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/udp.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -47,6 +55,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -406,13 +415,95 @@ int mem_pingpong(size_t size, long iters) {
   return rc;
 }
 
+// machine: see the top of the file. A pause is a gap of kPauseNs or more between two consecutive clock reads
+// of a thread that does nothing else; its period is the median time from one pause of kPeriodPauseNs or
+// more to the next on the same CPU (the project's VM: about 35 us every 1.000 ms on each CPU, invisible to
+// the guest's own accounting, which the floors' ping-pongs pay as well as softrdma's).
+constexpr int64_t kPauseNs = 10'000;
+constexpr int64_t kPeriodPauseNs = 20'000;
+
+struct Pauses {
+  std::vector<int64_t> lengths;  // ns
+  std::vector<int64_t> periods;  // ns between the long ones
+  double seconds = 0;
+};
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+void spin_and_record(int cpu, double seconds, Pauses* out) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  sched_setaffinity(0, sizeof set, &set);  // best effort: a refused pin still measures some CPU
+  out->lengths.reserve(1 << 16);           // filled up to here: nothing is allocated while the thread spins
+  out->periods.reserve(1 << 16);
+  const int64_t start = now_ns(), end = start + static_cast<int64_t>(seconds * 1e9);
+  int64_t last = start, last_long = -1;
+  while (last < end) {
+    const int64_t t = now_ns();
+    if (const int64_t gap = t - last; gap >= kPauseNs) {
+      if (out->lengths.size() < out->lengths.capacity()) out->lengths.push_back(gap);
+      if (gap >= kPeriodPauseNs) {
+        if (last_long >= 0 && out->periods.size() < out->periods.capacity())
+          out->periods.push_back(last - last_long);
+        last_long = last;
+      }
+    }
+    last = t;
+  }
+  out->seconds = static_cast<double>(last - start) / 1e9;
+}
+
+int64_t median(std::vector<int64_t> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+int machine(double seconds) {
+  // A system call: the median of 21 batches of 20,000.
+  std::vector<int64_t> per_call;
+  for (int b = 0; b < 21; ++b) {
+    constexpr int kCalls = 20'000;
+    const int64_t t0 = now_ns();
+    for (int i = 0; i < kCalls; ++i) syscall(SYS_getppid);
+    per_call.push_back((now_ns() - t0) * 1000 / kCalls);  // picoseconds, for the median's resolution
+  }
+  const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<Pauses> per_cpu(cpus);
+  std::vector<std::thread> threads;
+  for (unsigned c = 0; c < cpus; ++c)
+    threads.emplace_back(spin_and_record, static_cast<int>(c), seconds, &per_cpu[c]);
+  for (std::thread& t : threads) t.join();
+  std::vector<int64_t> lengths, periods;
+  double lost = 0, secs = 0;
+  for (const Pauses& p : per_cpu) {
+    lengths.insert(lengths.end(), p.lengths.begin(), p.lengths.end());
+    periods.insert(periods.end(), p.periods.begin(), p.periods.end());
+    for (const int64_t l : p.lengths) lost += static_cast<double>(l);
+    secs += p.seconds;
+  }
+  const int64_t longest = lengths.empty() ? 0 : *std::max_element(lengths.begin(), lengths.end());
+  std::printf(
+      "cpus=%u seconds=%.3f syscall_us=%.4f pauses_per_s=%.1f pause_median_us=%.1f pause_max_us=%.1f "
+      "pause_lost_pct=%.2f pause_period_ms=%.3f\n",
+      cpus, seconds, static_cast<double>(median(per_call)) / 1e6,
+      secs > 0 ? static_cast<double>(lengths.size()) / secs : 0.0, static_cast<double>(median(lengths)) / 1e3,
+      static_cast<double>(longest) / 1e3, secs > 0 ? lost / (secs * 1e9) * 100 : 0.0,
+      static_cast<double>(median(periods)) / 1e6);
+  return 0;
+}
+
 int usage() {
   std::fprintf(stderr,
                "usage: floor-bench udp-server PORT [rc]\n"
                "       floor-bench udp-client PORT SIZE ITERS [rc]\n"
                "       floor-bench memcpy SIZE SECONDS [PAIRS]\n"
                "       floor-bench kernel-copy SIZE PAIRS\n"
-               "       floor-bench mem-pingpong SIZE ITERS\n");
+               "       floor-bench mem-pingpong SIZE ITERS\n"
+               "       floor-bench machine SECONDS\n");
   return 2;
 }
 
@@ -450,6 +541,11 @@ int main(int argc, char** argv) {
     const long iters = static_cast<long>(num(3));
     if (size == 0 || size > (size_t{1} << 24) || iters < 1) return usage();
     return mem_pingpong(size, iters);
+  }
+  if (cmd == "machine" && argc == 3) {
+    const double seconds = std::strtod(argv[2], nullptr);
+    if (!(seconds > 0) || seconds > 60) return usage();
+    return machine(seconds);
   }
   return usage();
 }

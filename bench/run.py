@@ -19,7 +19,9 @@ Runs on this machine, every process on 127.0.0.1:
              of 8 B with no work around it); memcpy of 1 MiB from 64 pairs of buffers in turn (QPs
              column: 64), the working set of 64 QPs' buffers; and kernel_copy, the kernel copying 64 such
              buffers (written by the process first, as perftest fills its own) into a file, first time
-             (kernel_copy_first) and second: what sendmmsg does with the socket path's payloads
+             (kernel_copy_first) and second: what sendmmsg does with the socket path's payloads; and
+             machine: a system call's cost (getppid) and the pauses of a thread that spins alone on each
+             CPU (printed beside the targets: every latency figure here includes them)
 
 Every case runs --runs times (the cases interleaved, so that a change in the machine's load touches every
 tool alike) and each figure is the median with its min and max. Output (DIR, default BUILD/bench): table.txt
@@ -561,6 +563,10 @@ class Runner:
             p, vals = self.solo(case, run, [exe, "kernel-copy", str(case.size), str(case.qps)], "kernel_copy", key)
             bw = float(vals[key])
             return {"bw": bw, "rate": bw / case.size, "ops": case.qps}  # its CPU time includes filling them
+        if case.test == "machine":
+            secs = 0.3 if self.quick else 1.0
+            p, vals = self.solo(case, run, [exe, "machine", str(secs)], "machine", "pause_lost_pct")
+            return {m: float(vals[m]) for m in MACHINE_METRICS if m in vals}
         iters = self.lat_iters(case.size) * (1 if self.quick or case.size > 64 else 10)
         if case.test == "mem_pingpong":
             p, vals = self.solo(case, run, [exe, "mem-pingpong", str(case.size), str(iters)], "client",
@@ -715,6 +721,9 @@ def all_cases(socket_variant):
     # 64 QPs' 64 MiB of sources is slower than the rest; softrdma has the kernel read each page of an MR at
     # registration (io/kernel_touch.h), so the 64-QP 1 MiB target's runs (16 messages per QP) do not pay it.
     cases += [Case("floor", t, "memory", MIB, "bw", qps=64) for t in ("kernel_copy_first", "kernel_copy")]
+    # What the machine itself adds to every latency figure, the floors' included: a system call's cost and
+    # the pauses of a thread that spins alone on each CPU (a virtual CPU that the host takes away).
+    cases.append(Case("floor", "machine", "cpu", 0, "machine"))
     return cases
 
 
@@ -737,7 +746,7 @@ QUICK = {
     "ucx": {("ucp_put_bw", 8), ("ucp_put_lat", 8), ("ucp_get", 8), ("put_bw", MIB), ("ucp_put_bw", MIB)},
     "libfabric": {("fi_pingpong", 64)},
     "floor": {("udp_pingpong", 8), ("udp_pingpong_rc", 8), ("memcpy", MIB), ("mem_pingpong", 8),
-              ("kernel_copy_first", MIB), ("kernel_copy", MIB)},
+              ("kernel_copy_first", MIB), ("kernel_copy", MIB), ("machine", 0)},
 }
 QUICK_TRANSPORTS = {("ucx", "ucp_put_bw", MIB): "posix", ("ucx", "ucp_put_lat", 8): "tcp", ("ucx", "ucp_get", 8): "tcp",
                     ("ucx", "ucp_put_bw", 8): "tcp"}
@@ -758,7 +767,7 @@ def syscall_subset(c, quick):
     if quick:
         return c.variant == "default" and (c.test, c.size) in (("ib_write_lat", 8), ("ib_write_bw", 64 * KIB),
                                                                ("udp_pingpong", 8))
-    return c.size in (8, 64, 64 * KIB, MIB) and c.test not in ("memcpy", "mem_pingpong")
+    return c.size in (8, 64, 64 * KIB, MIB) and c.test not in ("memcpy", "mem_pingpong", "machine")
 
 
 # ---------------------------------------------------------------------------------------------------- #
@@ -766,12 +775,15 @@ def syscall_subset(c, quick):
 
 METRICS = ["bw", "rate", "lat_us", "lat_typical_us", "cpu_server_us", "cpu_client_us", "packets_per_op",
            "direct_per_op"]
+# floor-bench machine's figures (kind "machine"): printed beside the targets, not in the tables.
+MACHINE_METRICS = ["syscall_us", "pauses_per_s", "pause_median_us", "pause_max_us", "pause_lost_pct",
+                   "pause_period_ms"]
 
 
 def summary(case):
     ok = [r for r in case.runs if "error" not in r]
     s = {}
-    for m in METRICS:
+    for m in METRICS + MACHINE_METRICS:
         vals = [r[m] for r in ok if m in r]
         if vals:
             s[m] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
@@ -891,7 +903,7 @@ def table(cases, meta, tgts):
                         ("ucx", "UCX ucx_perftest (tcp on lo; posix = shared memory; cma = process_vm_writev)"),
                         ("libfabric", "libfabric fi_pingpong (tcp msg endpoint; shm rdm endpoint)"),
                         ("floor", "the harness's floors (floor-bench)")):
-        group = [c for c in cases if c.tool == tool]
+        group = [c for c in cases if c.tool == tool and c.kind != "machine"]
         if not group:
             continue
         w(title)
@@ -936,6 +948,13 @@ def table(cases, meta, tgts):
     w("targets (issue 6): ratio = softrdma / peer, of medians from this run")
     if not any(c.variant == "socket" for c in cases):
         w("  (socket path = softrdma's default here: --socket-env none kept the same-host path on for them)")
+    mach = find(cases, "floor", "machine", "cpu", 0)
+    if med(mach, "pause_lost_pct") is not None:
+        w(f"  (the machine, floor-bench machine: a system call (getppid) costs {fmt(med(mach, 'syscall_us'))} us; a "
+          f"thread spinning alone on each CPU paused for 10 us or more {fmt(med(mach, 'pauses_per_s'))} times a "
+          f"second, {fmt(med(mach, 'pause_median_us'))} us at the median (longest {fmt(med(mach, 'pause_max_us'))}), "
+          f"the long ones every {fmt(med(mach, 'pause_period_ms'))} ms: {fmt(med(mach, 'pause_lost_pct'))}% of its "
+          "time, which every latency mean here includes, the floors' too)")
     plain, rc = (find(cases, "floor", t, "udp", 8) for t in ("udp_pingpong", "udp_pingpong_rc"))
     if med(plain, "lat_us") and med(rc, "lat_us"):
         w(f"  (the RC pair's own floor, udp_pingpong_rc: {fmt(med(rc, 'lat_us'))} us = "
@@ -985,7 +1004,7 @@ def write_csv(path, cases):
     cols = ["id", "tool", "test", "transport", "variant", "size", "qps", "kind", "latency_convention", "run",
             "bw_bytes_per_sec", "msg_rate_per_sec", "lat_us", "lat_typical_us", "ops", "cpu_server_us_per_op",
             "cpu_client_us_per_op", "packets_per_op", "direct_per_op", "retransmits", "syscalls_server_per_op",
-            "syscalls_client_per_op", "error"]
+            "syscalls_client_per_op", "error"] + MACHINE_METRICS
     with open(path, "w", newline="") as f:
         wr = csv.writer(f)
         wr.writerow(cols)
@@ -1001,7 +1020,7 @@ def write_csv(path, cases):
                              r.get("cpu_server_us"), r.get("cpu_client_us"), r.get("packets_per_op"),
                              r.get("direct_per_op"),
                              r.get("retransmits"), r.get("syscalls_server"), r.get("syscalls_client"),
-                             r.get("error", c.missing)])
+                             r.get("error", c.missing)] + [r.get(m) for m in MACHINE_METRICS])
 
 
 def plot(path, cases):
@@ -1099,7 +1118,11 @@ def main():
                       "lat_typical_us": "microseconds, the run's median", "cpu_*_us": "CPU microseconds per operation",
                       "packets_per_op": "packets sent by both softrdma processes per operation",
                       "direct_per_op": "operations done one-sided (same host, no packet) per operation",
-                      "syscalls_*": "syscalls per operation"}}
+                      "syscalls_*": "syscalls per operation",
+                      "syscall_us": "microseconds per getppid (the machine case)",
+                      "pause*": "a spinning thread's stops of 10 us or more, per CPU: per second, their median "
+                                "and longest in microseconds, the share of its time in percent, the period of the "
+                                "20 us ones in milliseconds"}}
     runner = Runner(args, build, out)
     todo = [c for c in cases if not c.missing]
     started = time.monotonic()
@@ -1112,7 +1135,9 @@ def main():
                 r = {"error": str(e)}
             c.runs.append(r)
             fig = (f"{fmt(r['bw'] / 1e9)} GB/s" if "bw" in r and c.kind == "bw" else
-                   f"{fmt(r['lat_us'])} us {c.rtt}" if "lat_us" in r else "missing: " + r.get("error", "?"))
+                   f"{fmt(r['lat_us'])} us {c.rtt}" if "lat_us" in r else
+                   f"syscall {fmt(r['syscall_us'])} us, {fmt(r['pause_lost_pct'])}% in pauses"
+                   if "pause_lost_pct" in r else "missing: " + r.get("error", "?"))
             print(f"[run {run}/{runs} {i}/{len(todo)}] {c.id}: {fig} ({time.monotonic() - t0:.1f} s)", flush=True)
     if not args.no_syscalls:
         counter = SyscallCounter(runner.logdir)

@@ -38,7 +38,7 @@ check(len(cases) >= 20, f"only {len(cases)} cases in results.json")
 tools = {"softrdma": "ib_write_bw", "qperf": "qperf", "ucx": "ucx_perftest", "libfabric": "fi_pingpong",
          "floor": None}
 for c in cases:
-    metric = "bw" if c["kind"] == "bw" else "lat_us"
+    metric = {"bw": "bw", "machine": "syscall_us"}.get(c["kind"], "lat_us")
     fig = c["summary"].get(metric, {}).get("median")
     if c["missing"]:
         check(len(c["missing"]) > 10, f"{c['id']}: missing without a reason")
@@ -61,6 +61,11 @@ for test, line in (("udp_pingpong_rc", "the RC pair's own floor"), ("mem_pingpon
     floor = [c for c in cases if c["tool"] == "floor" and c["test"] == test]
     if floor and floor[0]["summary"].get("lat_us", {}).get("median"):
         check(line in table, f"table.txt lacks '{line}'")
+
+machine = [c for c in cases if c["tool"] == "floor" and c["test"] == "machine"]
+check(len(machine) == 1, "the machine floor is not in the quick run")
+if machine and machine[0]["summary"].get("pause_lost_pct"):
+    check("(the machine, floor-bench machine:" in table, "table.txt lacks the machine's figures beside the targets")
 
 kernel = [c for c in cases if c["tool"] == "floor" and c["test"] in ("kernel_copy_first", "kernel_copy")]
 check(len(kernel) == 2, "the kernel_copy floors are not both in the quick run")

@@ -347,6 +347,7 @@ class Runner:
         self.timeout = 60 if args.quick else 180
         self.sys = None  # SyscallCounter during the syscall pass
         self.socket_env = dict(kv.split("=", 1) for kv in args.socket_env)
+        self.kernel_copy_vals = {}  # (size, pairs, run): one floor-bench kernel-copy gives both floors
 
     # Budgets: how much one run moves. Bandwidth: bytes or messages; latency: round trips.
     def bw_msgs(self, size):
@@ -560,7 +561,13 @@ class Runner:
             return {"bw": bw, "rate": bw / case.size, "ops": ops, "cpu_client_us": p.cpu_s * 1e6 / ops}
         if case.test in ("kernel_copy_first", "kernel_copy"):
             key = "first_bytes_per_sec" if case.test == "kernel_copy_first" else "later_bytes_per_sec"
-            p, vals = self.solo(case, run, [exe, "kernel-copy", str(case.size), str(case.qps)], "kernel_copy", key)
+            # Both figures come from one pass of the program (a first and a second copy of the same
+            # buffers): the second case of a run reads what the first one's pass printed.
+            vals = self.kernel_copy_vals.get((case.size, case.qps, run))
+            if vals is None:
+                _, vals = self.solo(case, run, [exe, "kernel-copy", str(case.size), str(case.qps)], "kernel_copy",
+                                    key)
+                self.kernel_copy_vals[(case.size, case.qps, run)] = vals
             bw = float(vals[key])
             return {"bw": bw, "rate": bw / case.size, "ops": case.qps}  # its CPU time includes filling them
         if case.test == "machine":

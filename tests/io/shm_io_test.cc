@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -251,6 +252,52 @@ TEST(ShmIo, CarriesPacketsBetweenTwoContextsInOrder) {
   EXPECT_EQ(b->counters.get(Counter::rx_shm_packets), pkts.size());
   EXPECT_EQ(b->counters.get(Counter::rx_packets), pkts.size());
   EXPECT_EQ(a->io->udp()->tx_dropped(), 0u);
+}
+
+// Before a ring is in use, touch_pages writes one byte in every page of it (a slot is longer than a page,
+// so some pages hold no slot's beginning, which touch() and init() reach) and never a sequence word (the
+// ring header's tail, a slot's seq), so that the ring then works as any other.
+TEST(ShmRing, TouchPagesWritesEveryPageButNoSequenceWord) {
+  constexpr uint32_t kSlots = 64;
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t bytes = (shm::ring_bytes(kSlots) + page - 1) / page * page;
+  std::unique_ptr<uint8_t, decltype(&std::free)> mem(static_cast<uint8_t*>(std::aligned_alloc(page, bytes)),
+                                                     &std::free);
+  ASSERT_NE(mem, nullptr);
+  std::memset(mem.get(), 0xAB, bytes);
+  shm::Ring ring(mem.get(), kSlots);
+  ring.touch_pages(bytes, page);
+  const auto is_seq_byte = [&](size_t off) {
+    if (off < sizeof(uint64_t)) return true;  // the header's tail
+    if (off < sizeof(shm::RingHeader)) return false;
+    return (off - sizeof(shm::RingHeader)) % sizeof(shm::Slot) < sizeof(uint64_t);
+  };
+  size_t pages_without_a_slot_start = 0;
+  for (size_t p = 0; p < bytes; p += page) {
+    size_t written = 0;
+    for (size_t off = p; off < p + page; ++off) {
+      if (mem.get()[off] == 0xAB) continue;
+      ++written;
+      EXPECT_FALSE(is_seq_byte(off)) << "a sequence word at " << off;
+    }
+    EXPECT_EQ(written, 1u) << "page at " << p;
+    bool starts = false;
+    for (size_t off = p; off < p + page && !starts; off += 64)
+      starts = off >= sizeof(shm::RingHeader) && (off - sizeof(shm::RingHeader)) % sizeof(shm::Slot) == 0;
+    pages_without_a_slot_start += !starts;
+  }
+  EXPECT_GT(pages_without_a_slot_start, 1u) << "the case this is for: pages no slot begins in";
+  ring.init();
+  for (uint32_t i = 0; i < kSlots; ++i) {
+    uint64_t pos;
+    shm::Slot* s = ring.claim(&pos);
+    ASSERT_NE(s, nullptr) << "claim " << i;
+    EXPECT_EQ(pos, i);
+    shm::Ring::publish(s, pos);
+  }
+  uint64_t pos;
+  EXPECT_EQ(ring.claim(&pos), nullptr);
+  for (uint64_t i = 0; i < kSlots; ++i) EXPECT_NE(ring.peek(i), nullptr) << "slot " << i;
 }
 
 TEST(ShmIo, SocketPacketsStillArriveWhileRingsAreBusy) {

@@ -58,6 +58,11 @@ void warm_up(Ring ring, size_t bytes) {
   ring.touch();
 }
 
+size_t page_bytes() {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
 bool valid_slots(uint32_t n) { return n >= 2 && n <= (1u << 20) && (n & (n - 1)) == 0; }
 
 // A header of a port file, checked before anything else in it is believed.
@@ -396,7 +401,9 @@ void ShmIo::prewarm_first_ring(int fd, OwnPort& o, uint8_t* map, const PortHeade
       uint64_t{vs.f_bavail} * vs.f_frsize < kPrewarmFreeRings * h.ring_stride)
     return;
   if (posix_fallocate(fd, static_cast<off_t>(h.rings_offset), static_cast<off_t>(h.ring_stride)) != 0) return;
-  warm_up(Ring(map + h.rings_offset, h.nslots), h.ring_stride);
+  Ring ring(map + h.rings_offset, h.nslots);
+  warm_up(ring, h.ring_stride);
+  ring.touch_pages(h.ring_stride, page_bytes());  // and the pages touch() misses: no sender sees it yet
   o.rx[0].prewarmed = true;
   counters_->add(Counter::shm_rings_prewarmed);
 }
@@ -854,6 +861,7 @@ ShmIo::Peer* ShmIo::open_peer(const wire::Endpoint& dst) {
   peer->index = index;
   peer->ring = Ring(peer->map + off, h->nslots);
   populate(peer->map + off, h->ring_stride);
+  peer->ring.touch_pages(h->ring_stride, page_bytes());  // the receiver reads it only once it is kReady
   peer->ring.init();
   e.owner_pid = pid_;
   e.owner_start_time = start_time_;

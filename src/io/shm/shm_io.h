@@ -178,11 +178,14 @@ class ShmIo : public Backend {
   // A ring carried its first packets and is not warmed up yet (touch_rings).
   std::atomic<bool> touch_pending_{false};
   bool drained_ = false;  // rx_drained (rx_burst's caller only)
-  // rx_burst reads the UDP socket at most every kUdpPollGapNs until kRingsBusyNs after the rings last gave
-  // a packet (rx_burst's caller only; CLOCK_MONOTONIC ns).
+  // rx_burst reads the UDP socket at most every udp_gap_ns_ until kRingsBusyNs after the rings last gave
+  // a packet: kUdpPollGapNs after a read that found packets, twice the last gap (up to kUdpPollGapMaxNs)
+  // after one that found none (rx_burst's caller only; CLOCK_MONOTONIC ns).
   static constexpr uint64_t kUdpPollGapNs = 2'000;
+  static constexpr uint64_t kUdpPollGapMaxNs = 64'000;
   static constexpr uint64_t kRingsBusyNs = 100'000;
   uint64_t udp_read_at_ = 0;
+  uint64_t udp_gap_ns_ = kUdpPollGapNs;
   uint64_t rings_busy_until_ = 0;
   void set_sleeping();
 

@@ -236,7 +236,10 @@ void Progress::run() {
       bool packets = pending;
       for (int i = 0; i < n; ++i) {
         if (evs[i].data.u32 == 1) drain_wake_fd();
-        if (evs[i].data.u32 == 2) packets = true;
+        if (evs[i].data.u32 == 2) {
+          packets = true;
+          ctx_->backend()->sockets_readable();  // read them now, even where a backend reads them seldom
+        }
       }
       // A kick for a timer needs nothing (the polling application runs timers); req_notify clears the
       // application's mark before it kicks, so the loop then takes over.
@@ -344,7 +347,10 @@ void Progress::run() {
     sleeping_.store(false, std::memory_order_release);
     for (int i = 0; i < n; ++i) {
       if (evs[i].data.u32 == 1) drain_wake_fd();
-      if (evs[i].data.u32 == 2) woken_by_packets = true;
+      if (evs[i].data.u32 == 2) {
+        woken_by_packets = true;
+        ctx_->backend()->sockets_readable();
+      }
     }
     last_activity = ctx_->now();
     tick_at = 0;  // after waking, run timers at once: a kick may have armed an earlier one

@@ -70,6 +70,9 @@ class Backend : public TxSink {
   virtual bool arm_wakeup() { return false; }
   // Called by that receiver when it wakes up.
   virtual void woke() {}
+  // Called by a receiver that poll_fd() woke with data: the next rx_burst reads every source (io/shm reads
+  // its sockets only now and then while its rings are busy). Thread-safe beside rx_burst.
+  virtual void sockets_readable() {}
   // Called by a receiver that is about to nap: sleep without watching poll_fd(), while an application
   // receives in its polls. Until the next arm_wakeup, poll_fd() need not become readable (io/udp takes its
   // sockets out of epoll meanwhile). Thread-safe beside rx_burst and tx_burst.

@@ -341,6 +341,37 @@ TEST(ShmIo, SocketPacketsStillArriveWhileRingsAreBusy) {
   EXPECT_EQ(b->counters.get(Counter::rx_shm_packets), ring_pkts);
 }
 
+// While its rings are busy, a context reads its socket seldom (up to 64 us apart). The progress thread,
+// woken by the socket's data, says so (sockets_readable), and the next receive reads the socket at once.
+TEST(ShmIo, ASocketReportedReadableIsReadByTheNextReceive) {
+  TempDir dir, other;
+  auto a = make_side(dir.path), b = make_side(dir.path), c = make_side(other.path);
+  ASSERT_TRUE(a && b && c);
+  const std::vector<uint8_t> payload(64, 7);
+  uint32_t ring_psn = 1000;
+  const auto ring_packet_then_receive = [&](RxPacket* pkts) {
+    TxPacket r;
+    make_packet(r, *a, b->ep(), ring_psn++, payload);
+    a->io->tx_burst(std::span(&r, 1));
+    return b->io->rx_burst(pkts, 32);
+  };
+  for (uint32_t round = 0; round < 3; ++round) {
+    // Busy rings for a millisecond: reads of the socket that find nothing stretch the gap to its longest.
+    RxPacket pkts[32];
+    for (const auto end = Clock::now() + std::chrono::milliseconds(1); Clock::now() < end;)
+      ring_packet_then_receive(pkts);
+    const uint32_t psn = 1 + round;
+    TxPacket q;
+    make_packet(q, *c, b->ep(), psn, payload);
+    c->io->tx_burst(std::span(&q, 1));  // in b's socket when this returns (loopback)
+    b->io->sockets_readable();
+    const uint32_t n = ring_packet_then_receive(pkts);
+    bool seen = false;
+    for (uint32_t i = 0; i < n; ++i) seen = seen || wire::load_be24(pkts[i].data + 9) == psn;
+    EXPECT_TRUE(seen) << "round " << round << ": the socket's packet was not read by the next receive";
+  }
+}
+
 TEST(ShmIo, FullRingDropsAndCountsThenRecovers) {
   TempDir dir;
   auto a = make_side(dir.path, 0, 16), b = make_side(dir.path, 0, 16);

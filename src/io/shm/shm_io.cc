@@ -545,10 +545,13 @@ uint32_t ShmIo::rx_burst(RxPacket* out, uint32_t max) {
   // project's VM: read every 2 us, the socket took a third of a same-host ping-pong's polling, and the
   // ring packet that came during a read waited for its end (8-byte ib_send_lat, 6 interleaved pairs of
   // 5,000 iterations: typical half round trip 1.27-1.36 us at 2 us, 0.87-0.91 at 50). Another host's
-  // packet that comes after a quiet spell, while the rings are busy, waits up to 64 us for this read, or
-  // for the progress thread, whose epoll watches the socket then (a nap of a doorbell backend watches it).
+  // packet that comes after a quiet spell, while the rings are busy, wakes the progress thread, whose
+  // epoll watches the sockets (a nap of a doorbell backend watches them too): its sockets_readable makes
+  // the next call read them, whoever makes it.
   const uint64_t t = monotonic_ns();
-  const bool read_udp = faults_ != nullptr || t >= rings_busy_until_ || t - udp_read_at_ >= udp_gap_ns_;
+  const bool read_udp = faults_ != nullptr || t >= rings_busy_until_ || t - udp_read_at_ >= udp_gap_ns_ ||
+                        (udp_readable_.load(std::memory_order_relaxed) &&
+                         udp_readable_.exchange(false, std::memory_order_relaxed));
   bool udp_drained = true;
   if (read_udp) {
     udp_read_at_ = t;

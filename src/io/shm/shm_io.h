@@ -101,6 +101,7 @@ class ShmIo : public Backend {
   bool arm_wakeup() override;
   void woke() override { armed_.store(false, std::memory_order_relaxed); }
   void before_sleep() override { touch_rings(); }
+  void sockets_readable() override { udp_readable_.store(true, std::memory_order_relaxed); }
   bool wakes_by_doorbell() const override { return true; }
   // Also looks again at a peer it knows: a restarted process may have the port of a dead one.
   void prepare_peer(const wire::Endpoint& dst) override;
@@ -186,6 +187,8 @@ class ShmIo : public Backend {
   static constexpr uint64_t kRingsBusyNs = 100'000;
   uint64_t udp_read_at_ = 0;
   uint64_t udp_gap_ns_ = kUdpPollGapNs;
+  std::atomic<bool> udp_readable_{
+      false};  // the progress thread's epoll saw a socket's data (sockets_readable)
   uint64_t rings_busy_until_ = 0;
   void set_sleeping();
 

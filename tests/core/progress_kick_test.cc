@@ -122,8 +122,11 @@ TEST(ProgressKick, TimerArmedWhileTheThreadGoesToSleepEndsThatSleep) {
   be.release();
 
   // The ACK timeout fires within milliseconds and sends the packet again; 2 s allows for a loaded machine.
+  // (The timeout is counted before the packet is sent again: wait for both. Under TSan a check between
+  // the two once saw the count and not the send.)
   const auto end = std::chrono::steady_clock::now() + 2s;
-  while (counters.get(Counter::retry_timeouts) == 0 && std::chrono::steady_clock::now() < end)
+  while ((counters.get(Counter::retry_timeouts) == 0 || be.sent.load() < 2) &&
+         std::chrono::steady_clock::now() < end)
     std::this_thread::sleep_for(1ms);
   EXPECT_GE(counters.get(Counter::retry_timeouts), 1u) << "the thread slept through the timer";
   EXPECT_GE(be.sent.load(), 2u);

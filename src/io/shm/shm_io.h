@@ -187,8 +187,8 @@ class ShmIo : public Backend {
   static constexpr uint64_t kRingsBusyNs = 100'000;
   uint64_t udp_read_at_ = 0;
   uint64_t udp_gap_ns_ = kUdpPollGapNs;
-  std::atomic<bool> udp_readable_{
-      false};  // the progress thread's epoll saw a socket's data (sockets_readable)
+  // The progress thread's epoll saw a socket's data (sockets_readable): the next rx_burst reads it.
+  std::atomic<bool> udp_readable_{false};
   uint64_t rings_busy_until_ = 0;
   void set_sleeping();
 

@@ -8,6 +8,8 @@
 #include <array>
 #include <cerrno>
 
+#include "io/sys.h"
+
 namespace softrdma::io {
 
 namespace {
@@ -22,7 +24,7 @@ int kernel_touch_sink() { return memfd_create("softrdma-touch", MFD_CLOEXEC); }
 TouchResult kernel_touch(int sink, const void* addr, uint64_t len, uint64_t max_bytes) {
   TouchResult r;
   if (len == 0 || max_bytes == 0) return r;
-  static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));  // mincore's unit
+  const uint64_t page = page_bytes();  // mincore's unit
   const uint64_t first_byte = reinterpret_cast<uint64_t>(addr);
   const uint64_t start = first_byte & ~(page - 1);
   const uint64_t end_addr = first_byte + std::min(len, max_bytes);

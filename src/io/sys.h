@@ -3,13 +3,15 @@
 // (about 20 ns) and 25 instructions of each small same-host WRITE. Application threads make them too,
 // inside ibv_post_send and ibv_poll_cq, which are no cancellation points with rdma-core's providers (they
 // make no syscall), so none is lost. The sanitizers intercept the wrappers (to see the memory the kernel
-// reads and writes), so their builds keep them.
+// reads and writes), so their builds keep them. And the system's page size, which several callers need.
 #pragma once
 
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <unistd.h>
+
+#include <cstdint>
 
 namespace softrdma::io {
 
@@ -34,5 +36,11 @@ inline ssize_t sys_pwrite(int fd, const void* buf, size_t n, off_t off) {
   return syscall(SYS_pwrite64, fd, buf, n, off);
 }
 #endif
+
+// The system's page size (sysconf, read once).
+inline uint64_t page_bytes() {
+  static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
 
 }  // namespace softrdma::io

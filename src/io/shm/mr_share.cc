@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "io/sys.h"
+
 namespace softrdma::io::shm {
 
 namespace {
@@ -87,11 +89,6 @@ bool range_is(uint64_t a, uint64_t b, F ok) {
 }
 
 constexpr const char* kMemfdName = "softrdma-mr";
-
-uint64_t page_bytes() {
-  static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  return page;
-}
 
 // Private anonymous memory, or pages an earlier move gave back: a private mapping of its emptied memfd,
 // whose pages are all private copies (move_back), so that a buffer registered again moves again.

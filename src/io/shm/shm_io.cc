@@ -21,6 +21,7 @@
 #include "io/proc.h"
 #include "io/shm/access_table.h"
 #include "io/shm/peer_maps.h"
+#include "io/sys.h"
 #include "wire/headers.h"
 
 namespace softrdma::io {
@@ -56,11 +57,6 @@ void populate(uint8_t* addr, size_t len) { (void)madvise(addr, len, MADV_POPULAT
 void warm_up(Ring ring, size_t bytes) {
   populate(ring.mem(), bytes);
   ring.touch();
-}
-
-size_t page_bytes() {
-  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  return page;
 }
 
 bool valid_slots(uint32_t n) { return n >= 2 && n <= (1u << 20) && (n & (n - 1)) == 0; }

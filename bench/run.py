@@ -572,7 +572,7 @@ class Runner:
             return {"bw": bw, "rate": bw / case.size, "ops": case.qps}  # its CPU time includes filling them
         if case.test == "machine":
             secs = 0.3 if self.quick else 1.0
-            p, vals = self.solo(case, run, [exe, "machine", str(secs)], "machine", "pause_lost_pct")
+            _, vals = self.solo(case, run, [exe, "machine", str(secs)], "machine", "pause_lost_pct")
             return {m: float(vals[m]) for m in MACHINE_METRICS if m in vals}
         iters = self.lat_iters(case.size) * (1 if self.quick or case.size > 64 else 10)
         if case.test == "mem_pingpong":

@@ -64,6 +64,7 @@ namespace softrdma {
   X(answer_holds_late, "of those, released with no answer in time") \
   X(progress_sleeps, "progress-thread sleeps (each ends in a wake-up)")               \
   X(progress_naps, "of those, naps beside a polling application (sockets not watched)") \
+  X(poll_yields, "CPU given up (sched_yield) by application threads after 20 us of polls that found nothing") \
   X(retry_waits, "ACK timeouts that waited once more: the same-host peer was still reading what came before") \
   X(mr_pages_touched, "MR pages the kernel read once at registration (io/kernel_touch.h)")
 

@@ -569,6 +569,30 @@ TEST(Rc, AnAckThatComesWithoutTheAnswerAsksForAWatch) {
 // The same late ACK received by the application's own poll: the poll is held (it returns nothing and
 // receives on) until b's answer comes, and then returns the completion with the answer in a's memory. No
 // watch is asked for. Without an answer in time, the completion is returned then and the watch asked.
+// A thread that polls an empty CQ gives up its CPU (sched_yield) after 20 us of polls that found nothing,
+// not after a count of them: on the same-host path a poll is no system call, and 16 of them (the rule
+// before) took about 1 us, so a ping-pong's waiting side yielded about once per round trip.
+TEST(Rc, AnIdlePollingThreadYieldsAfter20UsNotAfterACountOfPolls) {
+  Harness h;
+  ASSERT_EQ(h.post_send(h.b, Wr(h.b, WrOpcode::kRdmaWrite, 0, 8, 1).remote(h.a, 0)), 0);
+  h.net_.deliver();
+  EXPECT_TRUE(h.a.poll(h.a.scq).empty());  // receives b's WRITE: the run of idle polls begins after it
+  const uint64_t y0 = h.a.counters.get(Counter::poll_yields);
+  for (int i = 0; i < 1000; ++i) {
+    if (i % 100 == 99) g_now += 1'000;  // 10 us in all
+    EXPECT_TRUE(h.a.poll(h.a.scq).empty());
+  }
+  EXPECT_EQ(h.a.counters.get(Counter::poll_yields), y0) << "1,000 idle polls within 10 us";
+  g_now += core::Context::kYieldAfterIdleNs;
+  for (int i = 0; i < 32; ++i) EXPECT_TRUE(h.a.poll(h.a.scq).empty());
+  EXPECT_EQ(h.a.counters.get(Counter::poll_yields), y0 + 1);
+  for (int i = 0; i < 1000; ++i) EXPECT_TRUE(h.a.poll(h.a.scq).empty());
+  EXPECT_EQ(h.a.counters.get(Counter::poll_yields), y0 + 1) << "the next run begins at the yield";
+  g_now += core::Context::kYieldAfterIdleNs;
+  for (int i = 0; i < 32; ++i) EXPECT_TRUE(h.a.poll(h.a.scq).empty());
+  EXPECT_EQ(h.a.counters.get(Counter::poll_yields), y0 + 2);
+}
+
 TEST(Rc, ALoneAckOfAPingPongHoldsThePollForTheAnswer) {
   Harness h;
   KickLog kicks(h.a.ctx.get());

@@ -143,11 +143,11 @@ class Cq {
   int poll(std::span<Wc> out);
   int req_notify(bool solicited_only);
   uint32_t capacity() const { return cap_; }
-  // Completions waiting to be polled.
+  // Completions waiting to be polled. Without the lock: head is read first, and tail, which only grows
+  // and is never behind head, after it, so the difference is never negative (a moment's count).
   uint32_t pending() const {
-    std::lock_guard g(lock_);
-    return static_cast<uint32_t>(tail_.load(std::memory_order_relaxed) -
-                                 head_.load(std::memory_order_relaxed));
+    const uint64_t head = head_.load(std::memory_order_acquire);
+    return static_cast<uint32_t>(tail_.load(std::memory_order_acquire) - head);
   }
   bool overflowed() const { return overflow_.load(std::memory_order_relaxed); }
   Context* ctx() const { return ctx_; }

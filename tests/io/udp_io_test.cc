@@ -13,6 +13,7 @@
 #include <memory>
 #include <vector>
 
+#include "io/sys.h"
 #include "wire/headers.h"
 #include "wire/icrc.h"
 
@@ -166,9 +167,10 @@ TEST(UdpIoTest, PublishMrHasTheKernelReadItsResidentPagesUnlessTurnedOff) {
   auto p = make_peer("127.0.0.1");
   ASSERT_NE(p, nullptr);
   p->io->publish_mr(mr);
-  // buf.data() + 100 to its end spans 16 or 17 pages, as the vector's start falls.
-  const uint64_t pages = (reinterpret_cast<uint64_t>(buf.data()) + buf.size() - 1) / 4096 -
-                         (reinterpret_cast<uint64_t>(buf.data()) + 100) / 4096 + 1;
+  // The pages from buf.data() + 100 to its end (one more when the vector's start falls mid-page).
+  const uint64_t page = page_bytes();
+  const uint64_t pages = (reinterpret_cast<uint64_t>(buf.data()) + buf.size() - 1) / page -
+                         (reinterpret_cast<uint64_t>(buf.data()) + 100) / page + 1;
   EXPECT_EQ(count(*p, Counter::mr_pages_touched), pages);
   MrInfo small = mr;
   small.length = UdpIo::kTouchMinBytes - 1;

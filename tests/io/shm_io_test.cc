@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "io/sys.h"
 #include "wire/headers.h"
 
 namespace softrdma::io {
@@ -259,7 +260,7 @@ TEST(ShmIo, CarriesPacketsBetweenTwoContextsInOrder) {
 // ring header's tail, a slot's seq), so that the ring then works as any other.
 TEST(ShmRing, TouchPagesWritesEveryPageButNoSequenceWord) {
   constexpr uint32_t kSlots = 64;
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t page = page_bytes();
   const size_t bytes = (shm::ring_bytes(kSlots) + page - 1) / page * page;
   std::unique_ptr<uint8_t, decltype(&std::free)> mem(static_cast<uint8_t*>(std::aligned_alloc(page, bytes)),
                                                      &std::free);
@@ -649,7 +650,7 @@ TEST(ShmIo, APeersSharedPagesAreUnmappedWhenItCloses) {
   auto a = make_side_with(dir.path, "SOFTRDMA_SHARE_MR", "1");
   auto b = make_side(dir.path);
   ASSERT_TRUE(a && b);
-  const size_t len = 2 * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t len = 2 * page_bytes();
   void* mem = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   ASSERT_NE(mem, MAP_FAILED);
   const auto addr = reinterpret_cast<uint64_t>(mem);

@@ -566,9 +566,6 @@ TEST(Rc, AnAckThatComesWithoutTheAnswerAsksForAWatch) {
   EXPECT_EQ(h.a.counters.get(Counter::retransmits), 0u);
 }
 
-// The same late ACK received by the application's own poll: the poll is held (it returns nothing and
-// receives on) until b's answer comes, and then returns the completion with the answer in a's memory. No
-// watch is asked for. Without an answer in time, the completion is returned then and the watch asked.
 // A thread that polls an empty CQ gives up its CPU (sched_yield) after 20 us of polls that found nothing,
 // not after a count of them: on the same-host path a poll is no system call, and 16 of them (the rule
 // before) took about 1 us, so a ping-pong's waiting side yielded about once per round trip.
@@ -593,6 +590,9 @@ TEST(Rc, AnIdlePollingThreadYieldsAfter20UsNotAfterACountOfPolls) {
   EXPECT_EQ(h.a.counters.get(Counter::poll_yields), y0 + 2);
 }
 
+// The same late ACK received by the application's own poll: the poll is held (it returns nothing and
+// receives on) until b's answer comes, and then returns the completion with the answer in a's memory. No
+// watch is asked for. Without an answer in time, the completion is returned then and the watch asked.
 TEST(Rc, ALoneAckOfAPingPongHoldsThePollForTheAnswer) {
   Harness h;
   KickLog kicks(h.a.ctx.get());

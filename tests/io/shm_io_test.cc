@@ -170,8 +170,8 @@ TEST(ShmRing, TouchLeavesTheRingAsItWas) {
     shm::Ring::publish(s, pos);
   }
   ring.release(0);  // the consumer read one
-  ring.touch();
-  ring.touch();
+  ring.touch(page_bytes());
+  ring.touch(page_bytes());
   uint64_t head = 1;
   for (uint32_t i = 1; i < 5; ++i, ++head) {
     shm::Slot* s = ring.peek(head);
@@ -255,9 +255,60 @@ TEST(ShmIo, CarriesPacketsBetweenTwoContextsInOrder) {
   EXPECT_EQ(a->io->udp()->tx_dropped(), 0u);
 }
 
-// Before a ring is in use, touch_pages writes one byte in every page of it (a slot is longer than a page,
-// so some pages hold no slot's beginning, which touch() and init() reach) and never a sequence word (the
-// ring header's tail, a slot's seq), so that the ring then works as any other.
+// A packet of up to kInlineData bytes stays in its slot, a longer one goes in the slot's own bulk buffer:
+// both inside the ring, none shared by two slots.
+TEST(ShmRing, SmallPacketsStayInTheirSlotLongerOnesInTheirOwnBulkBuffer) {
+  constexpr uint32_t kSlots = 8;
+  std::vector<uint8_t> mem;
+  shm::Ring ring = ring_in(mem, kSlots);
+  const uint8_t* const begin = ring.mem();
+  const uint8_t* const end = begin + shm::ring_bytes(kSlots);
+  const uint8_t* const slots_end = begin + sizeof(shm::RingHeader) + kSlots * sizeof(shm::Slot);
+  std::vector<const uint8_t*> bulk;
+  for (uint32_t i = 0; i < kSlots; ++i) {
+    uint64_t pos;
+    shm::Slot* s = ring.claim(&pos);
+    ASSERT_NE(s, nullptr);
+    EXPECT_EQ(ring.data(s, shm::kInlineData), s->inline_data);
+    const uint8_t* b = ring.data(s, shm::kInlineData + 1);
+    EXPECT_GE(b, slots_end);
+    EXPECT_LE(b + shm::kSlotData, end);
+    EXPECT_EQ(ring.data(s, shm::kSlotData), b);
+    for (const uint8_t* other : bulk) EXPECT_GE(std::abs(b - other), ptrdiff_t{shm::kSlotData});
+    bulk.push_back(b);
+  }
+}
+
+// Packets on either side of the inline size, and the largest, arrive whole and in order.
+TEST(ShmIo, CarriesPacketsAroundTheInlineSizeWhole) {
+  TempDir dir;
+  auto a = make_side(dir.path), b = make_side(dir.path);
+  ASSERT_TRUE(a && b);
+  const size_t at = shm::kInlineData - wire::kBthLen;  // a packet of exactly kInlineData bytes
+  const std::vector<size_t> sizes = {at - 1, at, at + 1, 4096, at, at + 1, 0, at - 3, at - 2};
+  const std::vector<uint32_t> pads = {1, 0, 0, 0, 0, 3, 0, 3, 3};
+  std::vector<std::vector<uint8_t>> payloads;
+  for (uint32_t i = 0; i < sizes.size(); ++i) {
+    payloads.emplace_back(sizes[i]);
+    for (size_t k = 0; k < sizes[i]; ++k) payloads[i][k] = static_cast<uint8_t>(k * 7 + i);
+  }
+  std::vector<TxPacket> pkts(sizes.size());
+  for (uint32_t i = 0; i < pkts.size(); ++i) make_packet(pkts[i], *a, b->ep(), i, payloads[i], pads[i]);
+  a->io->tx_burst(pkts);
+  auto got = receive(*b, pkts.size(), 2000, nullptr);
+  ASSERT_EQ(got.size(), pkts.size());
+  for (uint32_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i].size(), wire::kBthLen + sizes[i] + pads[i]) << "packet " << i;
+    EXPECT_EQ(wire::load_be24(got[i].data() + 9), i);
+    EXPECT_TRUE(std::equal(payloads[i].begin(), payloads[i].end(), got[i].begin() + wire::kBthLen))
+        << "packet " << i;
+  }
+  EXPECT_EQ(b->counters.get(Counter::rx_shm_packets), pkts.size());
+}
+
+// Before a ring is in use, touch_pages writes one byte in every page of it (the bulk buffers' pages hold
+// no slot's beginning, which init() reaches) and never a sequence word (the ring header's tail, a slot's
+// seq), so that the ring then works as any other.
 TEST(ShmRing, TouchPagesWritesEveryPageButNoSequenceWord) {
   constexpr uint32_t kSlots = 64;
   const size_t page = page_bytes();
@@ -268,9 +319,10 @@ TEST(ShmRing, TouchPagesWritesEveryPageButNoSequenceWord) {
   std::memset(mem.get(), 0xAB, bytes);
   shm::Ring ring(mem.get(), kSlots);
   ring.touch_pages(bytes, page);
+  const size_t slots_end = sizeof(shm::RingHeader) + size_t{kSlots} * sizeof(shm::Slot);
   const auto is_seq_byte = [&](size_t off) {
     if (off < sizeof(uint64_t)) return true;  // the header's tail
-    if (off < sizeof(shm::RingHeader)) return false;
+    if (off < sizeof(shm::RingHeader) || off >= slots_end) return false;
     return (off - sizeof(shm::RingHeader)) % sizeof(shm::Slot) < sizeof(uint64_t);
   };
   size_t pages_without_a_slot_start = 0;
@@ -284,7 +336,8 @@ TEST(ShmRing, TouchPagesWritesEveryPageButNoSequenceWord) {
     EXPECT_EQ(written, 1u) << "page at " << p;
     bool starts = false;
     for (size_t off = p; off < p + page && !starts; off += 64)
-      starts = off >= sizeof(shm::RingHeader) && (off - sizeof(shm::RingHeader)) % sizeof(shm::Slot) == 0;
+      starts = off >= sizeof(shm::RingHeader) && off < slots_end &&
+               (off - sizeof(shm::RingHeader)) % sizeof(shm::Slot) == 0;
     pages_without_a_slot_start += !starts;
   }
   EXPECT_GT(pages_without_a_slot_start, 1u) << "the case this is for: pages no slot begins in";

@@ -53,10 +53,10 @@ uint32_t hash_endpoint(const wire::Endpoint& ep) {
 void populate(uint8_t* addr, size_t len) { (void)madvise(addr, len, MADV_POPULATE_WRITE); }
 
 // The receiver's warm-up of a ring of `bytes` (its stride in the port file): page tables filled, then
-// every slot's page written once (Ring::touch).
+// every slot's page written once and every bulk page read (Ring::touch).
 void warm_up(Ring ring, size_t bytes) {
   populate(ring.mem(), bytes);
-  ring.touch();
+  ring.touch(page_bytes());
 }
 
 bool valid_slots(uint32_t n) { return n >= 2 && n <= (1u << 20) && (n & (n - 1)) == 0; }
@@ -65,9 +65,10 @@ bool valid_slots(uint32_t n) { return n >= 2 && n <= (1u << 20) && (n & (n - 1))
 bool header_ok(const PortHeader* h, size_t file_size) {
   if (h->magic != shm::kPortMagic) return false;
   std::atomic_thread_fence(std::memory_order_acquire);
-  return h->version == shm::kVersion && h->max_rings == shm::kMaxRings && h->slot_bytes == shm::kSlotBytes &&
-         valid_slots(h->nslots) && h->rings_offset == shm::kPortHeaderBytes &&
-         h->ring_stride == shm::ring_stride(h->nslots) && file_size == shm::port_file_bytes(h->nslots);
+  return h->version == shm::kVersion && h->max_rings == shm::kMaxRings &&
+         h->slot_bytes == shm::kSlotBytes + shm::kSlotData && valid_slots(h->nslots) &&
+         h->rings_offset == shm::kPortHeaderBytes && h->ring_stride == shm::ring_stride(h->nslots) &&
+         file_size == shm::port_file_bytes(h->nslots);
 }
 
 }  // namespace
@@ -357,7 +358,7 @@ int ShmIo::publish(OwnPort& o) {
   h->version = shm::kVersion;
   h->max_rings = shm::kMaxRings;
   h->nslots = cfg_.ring_slots;
-  h->slot_bytes = shm::kSlotBytes;
+  h->slot_bytes = shm::kSlotBytes + shm::kSlotData;
   h->rings_offset = shm::kPortHeaderBytes;
   h->ring_stride = shm::ring_stride(cfg_.ring_slots);
   h->pid = pid_;
@@ -389,7 +390,7 @@ int ShmIo::publish(OwnPort& o) {
 // pass (17-23 ms here) held the request that came meanwhile as long. Measured, same-host 8-byte
 // ib_send_lat, 6 interleaved pairs of 5,000 iterations: average 2.90-4.86 -> 2.32-3.17 us, worst iteration
 // 1.7-2.0 ms -> 49-383 us; ib_atomic_lat's worst 1.2-4.1 ms (12-31 ms in other runs) -> 0.15-0.34 ms.
-// Only with room to spare: the ring is 8.4 MiB of /dev/shm whether or not a same-host peer comes, and a
+// Only with room to spare: the ring is 8.5 MiB of /dev/shm whether or not a same-host peer comes, and a
 // small /dev/shm (64 MiB in a container) is kept for the rings that peers do claim.
 void ShmIo::prewarm_first_ring(int fd, OwnPort& o, uint8_t* map, const PortHeader& h) {
   struct statvfs vs;
@@ -494,7 +495,7 @@ uint32_t ShmIo::rx_rings(RxPacket* out, uint32_t room, uint64_t now) {
         std::memcpy(p.src.addr.raw.data(), s->src_addr, 16);
         p.src.port = s->src_port;
         p.dst = wire::Endpoint{local_addr(), o.port};
-        p.data = s->data;
+        p.data = r.ring.data(s, len);
         p.len = len;
         p.tos = s->tos;
         p.ttl = s->ttl;
@@ -669,7 +670,7 @@ void ShmIo::tx_burst(std::span<TxPacket> pkts) {
       ++full;
       continue;
     }
-    shm::fill_slot(s, p, static_cast<uint32_t>(len), local_addr());
+    shm::fill_slot(peer->ring, s, p, static_cast<uint32_t>(len), local_addr());
     Ring::publish(s, pos);
     ++sent;
     bytes += len + wire::kIcrcLen;

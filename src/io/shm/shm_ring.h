@@ -3,7 +3,14 @@
 // pointers; fixed-width fields; magic and version checked before use.
 //
 //   port file: PortHeader (4 KiB) | ring 0 | ring 1 | ... | ring kMaxRings-1
-//   ring:      RingHeader (64 B) | slot 0 | ... | slot nslots-1
+//   ring:      RingHeader (64 B) | slot 0 | ... | slot nslots-1 | bulk 0 | ... | bulk nslots-1
+//
+// A slot (128 B) holds a packet's metadata and, when it fits in kInlineData bytes, the packet itself; a
+// longer packet goes in the slot's bulk buffer (4,224 B) instead. Small packets so touch 32 slots per page
+// rather than a page each: a ping-pong runs through a ring's slots at 2 per round trip, and where each page
+// is slow at its first access (a VM whose host shadows the page tables, see Ring::touch), the ring's first
+// lap cost a page per packet (8-byte same-host ib_send_lat: 6-7 us per round trip for the first 1,024 in
+// about half the runs, against 0.95 after).
 //
 // A ring is a bounded multi-producer, single-consumer queue of fixed-size slots (Vyukov's bounded queue): the
 // threads of one sending context claim slots with a CAS on `tail`, fill them and publish each by storing
@@ -22,27 +29,27 @@
 namespace softrdma::io::shm {
 
 inline constexpr uint64_t kPortMagic = 0x54524f504d485352ull;  // "RSHMPORT" as little-endian bytes
-inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kVersion = 2;
 inline constexpr uint32_t kMaxRings = 32;      // sending contexts per receiving port (more fall back to UDP)
-inline constexpr uint32_t kSlotHeader = 64;
-inline constexpr uint32_t kSlotData = 4224;    // BTH .. pad of the largest packet: 64 B headers + 4096 + pad
-inline constexpr uint32_t kSlotBytes = kSlotHeader + kSlotData;
-inline constexpr uint32_t kDefaultSlots = 2048;  // per ring: 8.4 MiB, allocated when a sender claims it
+inline constexpr uint32_t kSlotHeader = 32;
+inline constexpr uint32_t kSlotBytes = 128;
+inline constexpr uint32_t kInlineData = kSlotBytes - kSlotHeader;  // a packet this long stays in its slot
+inline constexpr uint32_t kSlotData = 4224;  // BTH .. pad of the largest packet: 64 B headers + 4096 + pad
+inline constexpr uint32_t kDefaultSlots = 2048;  // per ring: 8.5 MiB, allocated when a sender claims it
 static_assert(kSlotData >= kMaxHdr + 4096 + 3);
-static_assert(kSlotBytes % 64 == 0);
+static_assert(kSlotData % 64 == 0);
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
 
 struct alignas(64) Slot {
   std::atomic<uint64_t> seq;  // == position: free for the producer of that position; == position + 1: full
-  uint32_t len;               // bytes of data: BTH .. pad (no ICRC)
+  uint32_t len;               // bytes of data: BTH .. pad (no ICRC); here if <= kInlineData, else in bulk
   uint16_t src_port;
   uint8_t tos;
   uint8_t ttl;
   uint8_t src_addr[16];  // the sender's GID
-  uint8_t reserved[kSlotHeader - 32];
-  uint8_t data[kSlotData];
+  uint8_t inline_data[kInlineData];
 };
-static_assert(sizeof(Slot) == kSlotBytes && offsetof(Slot, data) == kSlotHeader);
+static_assert(sizeof(Slot) == kSlotBytes && offsetof(Slot, inline_data) == kSlotHeader);
 
 struct alignas(64) RingHeader {
   std::atomic<uint64_t> tail;  // next position a producer claims
@@ -50,7 +57,9 @@ struct alignas(64) RingHeader {
 };
 static_assert(sizeof(RingHeader) == 64);
 
-inline constexpr size_t ring_bytes(uint32_t nslots) { return sizeof(RingHeader) + size_t{nslots} * kSlotBytes; }
+inline constexpr size_t ring_bytes(uint32_t nslots) {
+  return sizeof(RingHeader) + size_t{nslots} * (kSlotBytes + kSlotData);
+}
 
 // One entry of a port's ring table: who owns ring i. A sender claims a free entry (CAS kFree -> kClaimed),
 // initializes the ring, and publishes it (kReady, epoch + 1, then PortHeader::gen + 1). It gives it back
@@ -73,7 +82,7 @@ struct PortHeader {
   uint32_t version;
   uint32_t max_rings;
   uint32_t nslots;      // per ring
-  uint32_t slot_bytes;  // kSlotBytes
+  uint32_t slot_bytes;  // kSlotBytes + kSlotData
   uint64_t rings_offset;
   uint64_t ring_stride;  // ring_bytes(nslots), rounded up to a page
   int32_t pid;           // the receiving process
@@ -100,11 +109,16 @@ class Ring {
   Ring(void* mem, uint32_t nslots)
       : hdr_(static_cast<RingHeader*>(mem)),
         slots_(reinterpret_cast<Slot*>(static_cast<uint8_t*>(mem) + sizeof(RingHeader))),
+        bulk_(static_cast<uint8_t*>(mem) + sizeof(RingHeader) + size_t{nslots} * kSlotBytes),
         nslots_(nslots),
         mask_(nslots - 1) {}
   bool valid() const { return hdr_ != nullptr; }
   uint32_t size() const { return nslots_; }
   uint8_t* mem() const { return reinterpret_cast<uint8_t*>(hdr_); }  // where the ring begins
+  // Where the `len` bytes of slot s's packet are: in the slot, or in its bulk buffer.
+  uint8_t* data(Slot* s, uint32_t len) const {
+    return len <= kInlineData ? s->inline_data : bulk_ + static_cast<size_t>(s - slots_) * kSlotData;
+  }
 
   // Before the ring is published: every slot free for the first lap.
   void init() {
@@ -112,26 +126,30 @@ class Ring {
     hdr_->tail.store(0, std::memory_order_release);
   }
 
-  // Consumer, once, when it starts reading the ring: an access to every slot's page, a write (an add of 0
-  // to the slot's sequence word, atomic since the producer may store it meanwhile). Page tables filled by
+  // Consumer, once, when it starts reading the ring: a write to every slot's page (an add of 0 to the
+  // slot's sequence word, atomic since the producer may store it meanwhile) and a read of every page of
+  // the bulk buffers (which the consumer only reads; a producer may be filling one). Page tables filled by
   // madvise(MADV_POPULATE_WRITE) were not enough in a VM (PVM): the first access of each page still cost
   // about 5 us (11 without the populate), so the ring's first lap ran at 21-27 us per 8-byte ib_send_lat
-  // round trip instead of 2-3 (1,024 round trips: a SEND and an ACK each way).
-  void touch() {
+  // round trip instead of 2-3 (1,024 round trips: a SEND and an ACK each way, a page per slot then).
+  void touch(size_t page) {
     for (uint32_t i = 0; i < nslots_; ++i) slots_[i].seq.fetch_add(0, std::memory_order_relaxed);
+    const volatile uint8_t* const b = bulk_;
+    for (size_t off = 0; off < size_t{nslots_} * kSlotData; off += page) (void)b[off];
   }
 
   // While no other process uses the ring (a producer's claim, before init; a consumer's warm-up before
   // its port file is visible): a write to every page of the ring's `bytes`, a zero byte where no sequence
-  // word is. touch() and init() reach only the pages where a slot begins; a slot is longer than a page, so
-  // 97 pages of a 2,048-slot ring hold no slot's beginning, and a small packet in slot 42 + 64k spills
-  // into one. Its first access there cost each process 5-11 us in the ring's first lap (a VM, as above):
-  // same-host 8-byte ib_send_lat, one iteration in 32 took 13-19 us, and the stall put the two processes'
-  // threads into a slower way of taking turns for hundreds of iterations.
+  // word is. init() writes only the slots' pages, and a first write to a page cost each process 5-11 us
+  // in the ring's first lap (a VM, as above): same-host 8-byte ib_send_lat, one iteration in 32 took 13-19
+  // us when some pages were left, and the stall put the two processes' threads into a slower way of taking
+  // turns for hundreds of iterations.
   void touch_pages(size_t bytes, size_t page) {
     volatile uint8_t* const m = mem();
+    const size_t slots_end = sizeof(RingHeader) + size_t{nslots_} * kSlotBytes;
     for (size_t off = 0; off < bytes; off += page) {
-      const bool seq_word = off < sizeof(RingHeader) || (off - sizeof(RingHeader)) % sizeof(Slot) == 0;
+      const bool seq_word =
+          off < sizeof(RingHeader) || (off < slots_end && (off - sizeof(RingHeader)) % kSlotBytes == 0);
       m[seq_word ? off + sizeof(uint64_t) : off] = 0;
     }
   }
@@ -171,6 +189,7 @@ class Ring {
  private:
   RingHeader* hdr_ = nullptr;
   Slot* slots_ = nullptr;
+  uint8_t* bulk_ = nullptr;
   uint32_t nslots_ = 0;
   uint64_t mask_ = 0;
 };
@@ -182,9 +201,9 @@ inline uint64_t slot_len(const TxPacket& p) {
   return len;
 }
 
-// Copies a packet of slot_len(p) == len <= kSlotData bytes into a slot.
-inline void fill_slot(Slot* s, const TxPacket& p, uint32_t len, const wire::Gid& src_addr) {
-  uint8_t* d = s->data;
+// Copies a packet of slot_len(p) == len <= kSlotData bytes into slot s of `ring`.
+inline void fill_slot(const Ring& ring, Slot* s, const TxPacket& p, uint32_t len, const wire::Gid& src_addr) {
+  uint8_t* d = ring.data(s, len);
   std::memcpy(d, p.hdr, p.hdr_len);
   d += p.hdr_len;
   for (uint32_t k = 0; k < p.n_iov; ++k) {

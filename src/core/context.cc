@@ -342,7 +342,7 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
     if (request) {
       Transport::responder(*qp, v, rx, tx, now);
       if (type == QpType::kRc) {
-        Transport::request_came(*qp);
+        Transport::request_came(*qp, (rx.flags & io::kAwaitsAck) != 0);
         qp->init().send_cq->release_hold();  // the answer came (kAnswerHoldNs)
         if (n_touched < std::size(touched) && (n_touched == 0 || touched[n_touched - 1] != qp))
           touched[n_touched++] = qp;

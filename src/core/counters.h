@@ -58,6 +58,7 @@ namespace softrdma {
   X(direct_shared_ops, "of those, copies through pages the peer shares (SOFTRDMA_SHARE_MR=1)") \
   X(direct_mem_file_ops, "of those, small ones through the peer's /proc/<pid>/mem")  \
   X(direct_split_ops, "of those, large ones copied in two halves at once, one on a helper thread") \
+  X(ring_lone_writes, "small signaled WRITEs posted alone that went through a same-host ring (a ping-pong)") \
   X(acks_deferred, "RC ACKs deferred to the QP's next post (at most 20 us)")           \
   X(acks_deferred_late, "deferred ACKs that went by their deadline, no post in time") \
   X(answer_holds, "send completions held from polls for the peer's answer (a ping-pong's ACK came alone)") \

@@ -98,6 +98,10 @@ struct ReqState {
   uint32_t noack_pkts = 0;
   uint32_t rd_atomic = 0;  // READ/ATOMIC WQEs outstanding
   Nanos cork_deadline = 0;  // UC/UD: WRs a post left queued go by then at the latest (0 = none)
+  // Same-host lone WRITEs (Transport::lone_write_by_ring): lone posts since the peer's last request packet
+  // that awaited its ACK (up to 255), and whether one went through the ring yet.
+  uint8_t lone_since_request = 255;
+  bool ring_tried = false;
 };
 
 // Completer (src/transport/completer.cc): what is acknowledged, and the timers.

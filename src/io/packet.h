@@ -15,6 +15,10 @@ namespace softrdma::io {
 inline constexpr uint32_t kMaxHdr = 64;      // BTH + extension headers (40 at most) with room to spare
 inline constexpr uint32_t kMaxPayloadIov = 16;  // payload pieces per packet (SGE boundaries)
 
+// TxPacket/RxPacket::flags. kAwaitsAck: the sender polls for the packet's ACK
+// (Transport::lone_write_by_ring); only the same-host rings carry it (UDP: 0).
+inline constexpr uint8_t kAwaitsAck = 1;
+
 struct TxPacket {
   wire::Endpoint src;  // local address and the UDP port of the sending socket
   wire::Endpoint dst;
@@ -22,6 +26,7 @@ struct TxPacket {
   uint32_t n_iov = 0;
   uint32_t payload_len = 0;  // sum of iov lengths
   uint8_t pad = 0;           // pad bytes (zeros) the backend appends before the ICRC; the BTH already says so
+  uint8_t flags = 0;         // kAwaitsAck (what a same-host ring carries beside the packet; not on the wire)
   alignas(8) uint8_t hdr[kMaxHdr]{};  // (initialised, for constinit thread_local batches)
   iovec iov[kMaxPayloadIov]{};
 };
@@ -65,6 +70,7 @@ struct RxPacket {
   uint32_t len = 0;         // BTH .. pad (no ICRC)
   uint8_t tos = 0;          // IPv4 TOS / IPv6 traffic class, when known
   uint8_t ttl = 64;
+  uint8_t flags = 0;  // TxPacket::flags as sent, through a same-host ring; else 0
 };
 
 }  // namespace softrdma::io

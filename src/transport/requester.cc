@@ -76,6 +76,27 @@ int try_direct(Qp& qp, const SendWqe& w, bool shared_only) {
 
 }  // namespace
 
+// A small signaled WRITE posted alone (after a poll of the send CQ, one packet long) to a same-host peer
+// goes one-sided by default: a write to the peer's /proc/<pid>/mem (0.8 us here), which the peer's
+// application sees in its memory with nothing to receive. To a peer in a ping-pong with this QP it goes
+// through the ring instead, as a packet marked io::kAwaitsAck: the peer's application, which polls for the
+// completion of its own last WRITE (it waits for the ACK, which comes with this packet), reads it in that
+// poll and answers, with no system call on either side. A ping-pong is a packet so marked from the peer
+// since this QP's last lone post but one: an unmarked request (a SEND, an unsignaled WRITE, a WRITE in a
+// stream) says nothing of whether the peer polls when this WRITE comes, and a peer that spins on its
+// memory instead leaves it to its progress thread, which may sleep. The QP's first lone WRITE goes through
+// the ring to find out (a peer that answers so starts a ping-pong). Same-host 8-byte ib_write_lat: README
+// ("The same-host path").
+bool Transport::lone_write_by_ring(Qp& qp, const SendWqe& w) {
+  if (w.opcode != WrOpcode::kRdmaWrite || !(qp.init_.sq_sig_all || (w.send_flags & kSendSignaled)))
+    return false;
+  ReqState& r = qp.req_;
+  const bool ring = r.lone_since_request < 2 || !r.ring_tried;
+  r.ring_tried = true;
+  if (r.lone_since_request != 255) ++r.lone_since_request;
+  return ring;
+}
+
 io::TxPacket& Transport::new_packet(Qp& qp, io::TxBatch& tx, const Endpoint& dst, uint8_t op, bool se,
                                     uint32_t dqpn, bool ack_req, uint32_t psn, uint32_t payload_len) {
   io::TxPacket& p = tx.next();
@@ -83,6 +104,7 @@ io::TxPacket& Transport::new_packet(Qp& qp, io::TxBatch& tx, const Endpoint& dst
   p.dst = dst;
   p.payload_len = payload_len;
   p.pad = static_cast<uint8_t>((4 - (payload_len & 3)) & 3);
+  p.flags = 0;
   p.hdr_len = info(op).hdr_len;
   PacketView v(p.hdr, p.hdr_len);
   v.set_bth(op, se, p.pad, kDefaultPkey, dqpn, ack_req, psn);
@@ -141,6 +163,7 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
       break;  // (still arms the retransmit timer for what went out before it)
     }
     const bool rd_atomic = is_read_or_atomic(w.opcode);
+    bool awaits_ack = false;  // a lone WRITE through the ring (lone_write_by_ring)
     if (rc) {
       if (psn_diff(qp.req_.psn, qp.comp_.psn) >= static_cast<int32_t>(window)) break;
       // Each READ request (every chunk of a READ) and each ATOMIC counts against max_rd_atomic.
@@ -153,11 +176,17 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
       // Anything else goes on below.
       int how = -1;
       const uint32_t stream_min = qp.ctx()->config().direct_stream_min;
-      const bool any_way = qp.may_direct_ || (stream_min != 0 && w.length >= stream_min);
-      if ((any_way || qp.shared_direct_) && !w.started && !sqd && qp.req_.offset == 0 &&
+      const bool streamed = stream_min != 0 && w.length >= stream_min;
+      const bool ring = qp.may_direct_ && !streamed && w.length <= pmtu && lone_write_by_ring(qp, w);
+      const bool any_way = (qp.may_direct_ && !ring) || streamed;
+      if ((any_way || qp.shared_direct_ || ring) && !w.started && !sqd && qp.req_.offset == 0 &&
           qp.comp_.wqe == qp.req_.wqe && qp.req_.psn == qp.comp_.psn &&
           (how = try_direct(qp, w, !any_way)) != -2)
         qp.shared_direct_ = how == 1;
+      if (ring && how < 0) {
+        awaits_ack = true;
+        qp.ctx()->counters().add(Counter::ring_lone_writes);
+      }
       if (how >= 0) {
         qp.may_direct_ = false;
         w.started = true;
@@ -244,6 +273,7 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
                                                                       : wire::Transport::kUd;
     io::TxPacket& p = new_packet(qp, tx, dst, opcode(transport_type, static_cast<Op>(op_low)), se, dqpn,
                                  ack_req, qp.req_.psn, len);
+    if (awaits_ack) p.flags = io::kAwaitsAck;
     PacketView v(p.hdr, p.hdr_len);
     const OpcodeInfo& oi = v.info();
     if (oi.has(kHasReth)) v.set_reth(w.remote_addr, w.rkey, w.length);

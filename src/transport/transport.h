@@ -46,15 +46,21 @@ class Transport {
   static constexpr uint32_t kAckBackoffMax = 64;
   // completer.cc (a response packet for this QP)
   static void completer(Qp& qp, wire::PacketView pkt, io::TxBatch& tx, Nanos now);
-  // For Context::rx_burst, on an RC QP: a request of the peer's came; an ACK came (completed_before:
+  // For Context::rx_burst, on an RC QP: a request of the peer's came (`awaits_ack`: marked io::kAwaitsAck,
+  // a lone WRITE whose sender polls for its ACK, lone_write_by_ring); an ACK came (completed_before:
   // completed() before it). True when that ACK completed WQEs and no request came between the QP's last
   // post and it, on a QP of a ping-pong: kPingPongAcks such ACKs came behind one (a peer that defers its
   // ACKs to its answers, end_burst), and fewer than kAloneAcks alone since. The peer's answer comes
   // after this ACK (Context::kKickWatch): its ACK went by the deadline, or it acknowledges at once for a
   // while after two did (kAckBackoffMin).
-  static void request_came(Qp& qp) { qp.comp_.request_since_post = true; }
+  static void request_came(Qp& qp, bool awaits_ack) {
+    qp.comp_.request_since_post = true;
+    if (awaits_ack) qp.req_.lone_since_request = 0;
+  }
   static uint64_t completed(const Qp& qp) { return qp.comp_.wqe; }
   static bool ack_came_alone(Qp& qp, uint64_t completed_before);
+  // Whether a signaled WRITE posted alone goes to a same-host peer through the ring (requester.cc).
+  static bool lone_write_by_ring(Qp& qp, const SendWqe& w);
   static constexpr uint8_t kPingPongAcks = 8;
   // An ACK timeout waits for a same-host peer that is behind (io::Backend::peer_behind) at most this many
   // times in a row between ACKs that make progress: the ring says that the peer reads, not that this QP's

@@ -71,6 +71,19 @@ struct Pair {
   // The offset of dst's first whole page (the pages that SOFTRDMA_SHARE_MR=1 moves begin there).
   uint64_t first_page() const { return first_page_of(dst.data()); }
   uint64_t tx_packets() { return ctx->counters().get(Counter::tx_packets); }
+  uint64_t ring_lone_writes() { return ctx->counters().get(Counter::ring_lone_writes); }
+  // A QP's first small WRITE posted alone goes through the ring, to see whether the peer answers (a
+  // ping-pong, Transport::lone_write_by_ring); through pages the peer shares it is a memcpy either way.
+  void probe_ring(uint64_t off, bool share) {
+    const uint64_t ops = direct_ops(), packets = tx_packets(), ring = ring_lone_writes();
+    Sge s = smr->sge(0, 8);
+    ASSERT_TRUE(a->post_send(op(WrOpcode::kRdmaWrite, s, off, dmr->rkey())));
+    EXPECT_EQ(wait().status, WcStatus::kSuccess);
+    EXPECT_EQ(std::memcmp(dst.data() + off, src.data(), 8), 0);
+    EXPECT_EQ(direct_ops(), share ? ops + 1 : ops);
+    EXPECT_EQ(ring_lone_writes(), share ? ring : ring + 1);
+    if (!share) EXPECT_GT(tx_packets(), packets);
+  }
   Wc wait() {
     Wc wc;
     for (int i = 0; i < 5'000'000; ++i)
@@ -99,9 +112,10 @@ TEST_P(DirectP, WriteAndReadMoveTheDataWithoutPackets) {
   EXPECT_EQ(testutil::maps_perms(p.dst.data() + p.first_page()), share ? "rw-s" : "rw-p");
   EXPECT_EQ(testutil::maps_perms(p.src.data() + 8192), "rw-p") << "an MR without remote access was moved";
   for (size_t i = 0; i < p.src.size(); ++i) p.src[i] = static_cast<uint8_t>(i * 7 + 1);
+  const uint64_t page0 = p.first_page();
+  p.probe_ring(page0, share);
   uint64_t ops = p.direct_ops(), shared = p.shared_ops(), mem_file = p.mem_file_ops();
   const uint64_t packets = p.tx_packets();
-  const uint64_t page0 = p.first_page();
   struct Case {
     uint32_t len;
     uint64_t off;
@@ -159,8 +173,9 @@ TEST_P(DirectP, AStreamOfPostsGoesThroughTheRingsUnlessThePagesAreShared) {
   const bool share = GetParam();
   auto env = share_mr(share);
   Pair p;
-  uint64_t ops = p.direct_ops();
   const uint64_t page0 = p.first_page();
+  if (!share) p.probe_ring(page0 + 4096, share);  // (with shared pages, a first lone op would start below)
+  uint64_t ops = p.direct_ops();
   Sge s = p.smr->sge(0, 64);
   SendWr wrs[2] = {p.op(WrOpcode::kRdmaWrite, s, page0, p.dmr->rkey()),
                    p.op(WrOpcode::kRdmaWrite, s, page0 + 64, p.dmr->rkey())};

@@ -106,7 +106,8 @@ void make_packet(TxPacket& p, const Side& from, const wire::Endpoint& to, uint32
 
 // Receives until `want` packets came or `ms` passed; returns copies of them.
 std::vector<std::vector<uint8_t>> receive(Side& s, size_t want, int ms = 2000,
-                                          std::vector<wire::Endpoint>* srcs = nullptr) {
+                                          std::vector<wire::Endpoint>* srcs = nullptr,
+                                          std::vector<uint8_t>* flags = nullptr) {
   std::vector<std::vector<uint8_t>> got;
   const auto end = Clock::now() + std::chrono::milliseconds(ms);
   RxPacket pkts[32];
@@ -115,6 +116,7 @@ std::vector<std::vector<uint8_t>> receive(Side& s, size_t want, int ms = 2000,
     for (uint32_t i = 0; i < n; ++i) {
       got.emplace_back(pkts[i].data, pkts[i].data + pkts[i].len);
       if (srcs) srcs->push_back(pkts[i].src);
+      if (flags) flags->push_back(pkts[i].flags);
     }
     if (n == 0) std::this_thread::yield();
   }
@@ -279,7 +281,7 @@ TEST(ShmRing, SmallPacketsStayInTheirSlotLongerOnesInTheirOwnBulkBuffer) {
   }
 }
 
-// Packets on either side of the inline size, and the largest, arrive whole and in order.
+// Packets on either side of the inline size, and the largest, arrive whole and in order, with their flags.
 TEST(ShmIo, CarriesPacketsAroundTheInlineSizeWhole) {
   TempDir dir;
   auto a = make_side(dir.path), b = make_side(dir.path);
@@ -293,12 +295,17 @@ TEST(ShmIo, CarriesPacketsAroundTheInlineSizeWhole) {
     for (size_t k = 0; k < sizes[i]; ++k) payloads[i][k] = static_cast<uint8_t>(k * 7 + i);
   }
   std::vector<TxPacket> pkts(sizes.size());
-  for (uint32_t i = 0; i < pkts.size(); ++i) make_packet(pkts[i], *a, b->ep(), i, payloads[i], pads[i]);
+  for (uint32_t i = 0; i < pkts.size(); ++i) {
+    make_packet(pkts[i], *a, b->ep(), i, payloads[i], pads[i]);
+    pkts[i].flags = i % 3 == 1 ? kAwaitsAck : 0;
+  }
   a->io->tx_burst(pkts);
-  auto got = receive(*b, pkts.size(), 2000, nullptr);
+  std::vector<uint8_t> flags;
+  auto got = receive(*b, pkts.size(), 2000, nullptr, &flags);
   ASSERT_EQ(got.size(), pkts.size());
   for (uint32_t i = 0; i < got.size(); ++i) {
     ASSERT_EQ(got[i].size(), wire::kBthLen + sizes[i] + pads[i]) << "packet " << i;
+    EXPECT_EQ(flags[i], pkts[i].flags) << "packet " << i;
     EXPECT_EQ(wire::load_be24(got[i].data() + 9), i);
     EXPECT_TRUE(std::equal(payloads[i].begin(), payloads[i].end(), got[i].begin() + wire::kBthLen))
         << "packet " << i;

@@ -637,6 +637,92 @@ TEST(Rc, ALoneAckOfAPingPongHoldsThePollForTheAnswer) {
   EXPECT_EQ(h.a.counters.get(Counter::retransmits), 0u);
 }
 
+// a's backend as a same-host one: a WRITE that may go one-sided lands in b's buffer at once; one that may
+// go only through pages the peer shares (the ring's way, Transport::lone_write_by_ring) goes as a packet.
+struct OneSidedWrites {
+  uint64_t count = 0;
+  explicit OneSidedWrites(Harness& h) {
+    h.a.be->direct_hook = [this](const wire::Endpoint&, const io::DirectOp& op) {
+      if (op.shared_only || op.read || op.atomic) return -1;
+      auto* d = reinterpret_cast<uint8_t*>(op.va);
+      for (uint32_t i = 0; i < op.nseg; ++i)
+        d = static_cast<uint8_t*>(mempcpy(d, op.segs[i].addr, op.segs[i].len));
+      ++count;
+      return 0;
+    };
+  }
+};
+
+// Signaled WRITEs posted alone: through the ring (as packets) while the peer answers so too, its packets
+// marked as awaiting their ACK (its application polls); one-sided after two that other requests answered
+// (a SEND, an unsignaled WRITE: the peer may be spinning on its memory); unsignaled ones always one-sided.
+TEST(Rc, LoneWritesGoThroughTheRingWhileThePeerAwaitsItsAcksAndOneSidedOtherwise) {
+  Harness h;
+  OneSidedWrites one_sided(h);
+  uint64_t id = 1;
+  auto ring_writes = [&] { return h.a.counters.get(Counter::ring_lone_writes); };
+  auto lone_write = [&](bool signaled = true) {  // posted alone after a poll of the send CQ
+    h.a.poll(h.a.scq);
+    fill(h.a.buf, 64, 8, static_cast<uint32_t>(id));
+    Wr wr = Wr(h.a, WrOpcode::kRdmaWrite, 64, 8, id++).remote(h.b, 64);
+    if (!signaled) wr.wr.send_flags = 0;
+    ASSERT_EQ(h.post_send(h.a, wr), 0);
+  };
+  // b reads a's WRITE (if it went as a packet) and answers: a signaled WRITE posted alone after a poll,
+  // a SEND, or an unsignaled WRITE.
+  enum class Answer { kLoneWrite, kSend, kUnsignaledWrite };
+  h.post_recv(h.a, 7, 256, 64);
+  auto b_answers = [&](Answer how) {
+    h.net_.deliver();
+    io::RxPacket pkts[8];
+    if (const uint32_t k = h.b.be->rx_burst(pkts, 8); k != 0)
+      h.b.ctx->rx_burst(std::span(pkts, k), h.b.tx, g_now);
+    EXPECT_EQ(std::memcmp(h.b.buf.data() + 64, h.a.buf.data() + 64, 8), 0);
+    h.b.poll(h.b.scq);
+    Wr wr = Wr(h.b, how == Answer::kSend ? WrOpcode::kSend : WrOpcode::kRdmaWrite, 0, 8, 1000 + id);
+    if (how != Answer::kSend) wr.remote(h.a, 0);
+    if (how == Answer::kUnsignaledWrite) wr.wr.send_flags = 0;
+    if (how == Answer::kSend) h.post_recv(h.a, 7, 256, 64);
+    ASSERT_EQ(h.post_send(h.b, wr), 0);
+    receives(h, h.a, __LINE__);
+  };
+  // The first goes through the ring to see; b answers likewise, and so on: a ping-pong.
+  for (uint32_t i = 0; i < 6; ++i) {
+    lone_write();
+    EXPECT_EQ(ring_writes(), i + 1u);
+    b_answers(Answer::kLoneWrite);
+  }
+  EXPECT_EQ(h.b.counters.get(Counter::ring_lone_writes), 6u) << "b's answers went so too";
+  EXPECT_EQ(one_sided.count, 0u);
+  // Answers not marked: the two lone WRITEs after the last marked one still go through the ring, then
+  // they go one-sided, whatever comes, until b answers so again.
+  lone_write();
+  b_answers(Answer::kSend);
+  lone_write();
+  b_answers(Answer::kUnsignaledWrite);
+  EXPECT_EQ(ring_writes(), 8u);
+  for (uint32_t i = 0; i < 3; ++i) {
+    lone_write();
+    EXPECT_EQ(one_sided.count, i + 1u);
+    EXPECT_EQ(std::memcmp(h.b.buf.data() + 64, h.a.buf.data() + 64, 8), 0) << "one-sided: there at once";
+    b_answers(i == 1 ? Answer::kSend : Answer::kUnsignaledWrite);
+  }
+  EXPECT_EQ(ring_writes(), 8u);
+  // b's next signaled lone WRITE is marked (a's last packet was): the ping-pong starts again.
+  lone_write();
+  b_answers(Answer::kLoneWrite);
+  EXPECT_EQ(one_sided.count, 4u);
+  lone_write();
+  EXPECT_EQ(ring_writes(), 9u);
+  b_answers(Answer::kLoneWrite);
+  // Unsignaled: the poster does not wait for the ACK, one-sided.
+  lone_write(false);
+  EXPECT_EQ(one_sided.count, 5u);
+  EXPECT_EQ(ring_writes(), 9u);
+  EXPECT_EQ(h.a.counters.get(Counter::retransmits), 0u);
+  EXPECT_EQ(h.b.counters.get(Counter::retransmits), 0u);
+}
+
 // b, a QP that has sent (so its ACKs may be deferred), receives a WRITE from a, alone in its burst; the
 // number of ACKs b sent before that burst.
 uint64_t b_sent_then_receives_a_write(Harness& h) {

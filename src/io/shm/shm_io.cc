@@ -486,7 +486,8 @@ uint32_t ShmIo::rx_rings(RxPacket* out, uint32_t room, uint64_t now) {
         Slot* s = r.ring.peek(head);
         if (s == nullptr) break;
         ++head;
-        const uint32_t len = s->len;
+        const uint32_t word = s->len;
+        const uint32_t len = word & ~shm::kLenAwaitsAck;
         if (len < wire::kBthLen || len > shm::kSlotData) {  // written by another process: checked
           ++truncated;
           continue;
@@ -499,6 +500,7 @@ uint32_t ShmIo::rx_rings(RxPacket* out, uint32_t room, uint64_t now) {
         p.len = len;
         p.tos = s->tos;
         p.ttl = s->ttl;
+        p.flags = (word & shm::kLenAwaitsAck) != 0 ? kAwaitsAck : 0;
         bytes += len + wire::kIcrcLen;
         if (faults_) {
           // A flipped bit is what the ICRC check would catch on a socket: dropped as such.

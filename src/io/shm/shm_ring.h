@@ -29,7 +29,7 @@
 namespace softrdma::io::shm {
 
 inline constexpr uint64_t kPortMagic = 0x54524f504d485352ull;  // "RSHMPORT" as little-endian bytes
-inline constexpr uint32_t kVersion = 2;
+inline constexpr uint32_t kVersion = 3;
 inline constexpr uint32_t kMaxRings = 32;      // sending contexts per receiving port (more fall back to UDP)
 inline constexpr uint32_t kSlotHeader = 32;
 inline constexpr uint32_t kSlotBytes = 128;
@@ -40,9 +40,11 @@ static_assert(kSlotData >= kMaxHdr + 4096 + 3);
 static_assert(kSlotData % 64 == 0);
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
 
+inline constexpr uint32_t kLenAwaitsAck = 1u << 31;  // Slot::len: the packet's flags had io::kAwaitsAck
+
 struct alignas(64) Slot {
   std::atomic<uint64_t> seq;  // == position: free for the producer of that position; == position + 1: full
-  uint32_t len;               // bytes of data: BTH .. pad (no ICRC); here if <= kInlineData, else in bulk
+  uint32_t len;  // bytes of data: BTH .. pad (no ICRC), here if <= kInlineData, else in bulk; | kLenAwaitsAck
   uint16_t src_port;
   uint8_t tos;
   uint8_t ttl;
@@ -212,7 +214,7 @@ inline void fill_slot(const Ring& ring, Slot* s, const TxPacket& p, uint32_t len
     d += p.iov[k].iov_len;
   }
   std::memset(d, 0, p.pad & 3u);
-  s->len = len;
+  s->len = len | ((p.flags & kAwaitsAck) != 0 ? kLenAwaitsAck : 0u);
   s->src_port = p.src.port;
   s->tos = 0;
   s->ttl = 64;

@@ -82,7 +82,7 @@ void SimBackend::close_port(uint16_t port) {
 
 void SimBackend::tx_burst(std::span<TxPacket> pkts) {
   for (TxPacket& p : pkts) {
-    SimNet::Frame f{p.src, p.dst, {}};
+    SimNet::Frame f{p.src, p.dst, {}, p.flags};
     f.bytes.assign(p.hdr, p.hdr + p.hdr_len);
     for (uint32_t i = 0; i < p.n_iov; ++i) {
       const auto* b = static_cast<const uint8_t*>(p.iov[i].iov_base);
@@ -115,7 +115,8 @@ uint32_t SimBackend::rx_burst(RxPacket* out, uint32_t max) {
   }
   for (size_t i = 0; i < held_.size(); ++i) {
     SimNet::Frame& f = held_[i];
-    out[i] = RxPacket{f.src, f.dst, f.bytes.data(), static_cast<uint32_t>(f.bytes.size() - 4), 0, 64};
+    out[i] =
+        RxPacket{f.src, f.dst, f.bytes.data(), static_cast<uint32_t>(f.bytes.size() - 4), 0, 64, f.flags};
   }
   if (after_rx) std::exchange(after_rx, nullptr)();
   return static_cast<uint32_t>(held_.size());

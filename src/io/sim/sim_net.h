@@ -41,6 +41,7 @@ class SimNet {
   struct Frame {
     wire::Endpoint src, dst;
     std::vector<uint8_t> bytes;  // BTH .. ICRC
+    uint8_t flags = 0;           // TxPacket::flags, carried as a same-host ring carries them
   };
   void send(Frame f);
   double uniform();
@@ -66,6 +67,11 @@ class SimBackend : public Backend {
   // A test hook: what peer_behind answers (false when unset).
   std::function<bool(const wire::Endpoint& dst, uint64_t* mark)> behind;
   bool peer_behind(const wire::Endpoint& dst, uint64_t* mark) override { return behind && behind(dst, mark); }
+  // A test hook: what direct answers (-1, the ordinary way, when unset).
+  std::function<int(const wire::Endpoint& dst, const DirectOp& op)> direct_hook;
+  int direct(const wire::Endpoint& dst, const DirectOp& op) override {
+    return direct_hook ? direct_hook(dst, op) : -1;
+  }
   bool ip_fields_wanted = false;  // (its packets carry the sender's TOS and TTL either way)
   // Counts of what rx_burst dropped.
   uint64_t bad_icrc = 0, truncated = 0;

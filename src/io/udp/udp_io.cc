@@ -618,6 +618,7 @@ uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t no
     p.dst = wire::Endpoint{local_addr_, s.port};
     p.tos = 0;
     p.ttl = 64;
+    p.flags = 0;
     uint32_t gso_size = 0;  // set when the kernel coalesced several datagrams (UDP_GRO)
     for (cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr; c = CMSG_NXTHDR(const_cast<msghdr*>(&h), c)) {
       const uint8_t* d = CMSG_DATA(c);

@@ -158,6 +158,27 @@ bool Progress::on_packets_while_app_polls() {
   return true;
 }
 
+// One sleep: until the wake fd, the sockets (unless !watch_sockets: nap_epfd_ holds the wake fd alone)
+// or sleep_ns (kNoTimer: no bound). Sockets that woke it (*sockets) are read at the next receive, even by
+// a backend that reads them seldom. Returns the number of events.
+int Progress::sleep_in_epoll(core::Nanos sleep_ns, bool watch_sockets, bool* sockets) {
+  epoll_event evs[4];
+  const timespec ts{static_cast<time_t>(sleep_ns / 1'000'000'000),
+                    static_cast<long>(sleep_ns % 1'000'000'000)};
+  const int n = epoll_pwait2(watch_sockets ? epfd_ : nap_epfd_, evs, 4,
+                             sleep_ns == core::Context::kNoTimer ? nullptr : &ts, nullptr);
+  ctx_->backend()->woke();  // (after a nap, which armed nothing, a no-op)
+  sleeping_.store(false, std::memory_order_release);
+  for (int i = 0; i < n; ++i) {
+    if (evs[i].data.u32 == 1) drain_wake_fd();
+    if (evs[i].data.u32 == 2) {
+      *sockets = true;
+      ctx_->backend()->sockets_readable();
+    }
+  }
+  return n;
+}
+
 void Progress::run() {
   request_short_slice();
   core::Nanos last_activity = ctx_->now();
@@ -222,25 +243,15 @@ void Progress::run() {
       wake_at_.store(pending ? 0 : now + sleep_ns, std::memory_order_seq_cst);
       set_nap_slack(nap, nap_slack);
       count_sleep(nap);
-      epoll_event evs[4];
-      const timespec ts{0, static_cast<long>(sleep_ns)};
-      const int n = epoll_pwait2(nap && !doorbells ? nap_epfd_ : epfd_, evs, 4, &ts, nullptr);
-      if (!nap) ctx_->backend()->woke();
-      sleeping_.store(false, std::memory_order_release);
+      bool packets = false;
+      const int n = sleep_in_epoll(sleep_ns, !(nap && !doorbells), &packets);
       // A watch that ended with no packet left for this thread: the application took every one, so the
       // next sleep naps. Each packet that came still woke this thread inside epoll_pwait2, which found the
       // socket read and slept on without returning, on 2 cores preempting a spinning thread: watched for
       // 20 ms, 8-byte ib_write_lat ran at 10-15 us per half round trip for hundreds of iterations at a
       // time (perf sched: the progress thread woken by each of the peer's sends, 4-5 us each).
       if (!nap && !pending && n == 0) packets_found_ = false;
-      bool packets = pending;
-      for (int i = 0; i < n; ++i) {
-        if (evs[i].data.u32 == 1) drain_wake_fd();
-        if (evs[i].data.u32 == 2) {
-          packets = true;
-          ctx_->backend()->sockets_readable();  // read them now, even where a backend reads them seldom
-        }
-      }
+      packets = packets || pending;
       // A kick for a timer needs nothing (the polling application runs timers); req_notify clears the
       // application's mark before it kicks, so the loop then takes over.
       if (packets && on_packets_while_app_polls()) last_activity = ctx_->now();
@@ -338,20 +349,9 @@ void Progress::run() {
     count_sleep(nap);
     wake_at_.store(sleep_ns == core::Context::kNoTimer ? core::Context::kNoTimer : ctx_->now() + sleep_ns,
                    std::memory_order_seq_cst);
-    epoll_event evs[4];
-    const timespec ts{static_cast<time_t>(sleep_ns / 1'000'000'000),
-                      static_cast<long>(sleep_ns % 1'000'000'000)};
-    const int n = epoll_pwait2(nap ? nap_epfd_ : epfd_, evs, 4,
-                               sleep_ns == core::Context::kNoTimer ? nullptr : &ts, nullptr);
-    ctx_->backend()->woke();
-    sleeping_.store(false, std::memory_order_release);
-    for (int i = 0; i < n; ++i) {
-      if (evs[i].data.u32 == 1) drain_wake_fd();
-      if (evs[i].data.u32 == 2) {
-        woken_by_packets = true;
-        ctx_->backend()->sockets_readable();
-      }
-    }
+    bool packets = false;
+    sleep_in_epoll(sleep_ns, !nap, &packets);
+    if (packets) woken_by_packets = true;
     last_activity = ctx_->now();
     tick_at = 0;  // after waking, run timers at once: a kick may have armed an earlier one
   }

@@ -10,6 +10,7 @@
 
 #include "core/context.h"
 #include "engine/progress.h"
+#include "transport/harness.h"
 
 namespace softrdma {
 namespace {
@@ -75,22 +76,11 @@ struct QpToNowhere {
     init.send_cq = init.recv_cq = cq;
     init.cap = {16, 16, 1, 1, 64};
     qp = *ctx.create_qp(pd, init);
-    core::QpAttr at;
-    at.qp_state = QpState::kInit;
-    EXPECT_EQ(qp->modify(at, kQpState | kQpPkeyIndex | kQpPort | kQpAccessFlags), 0);
-    at.qp_state = QpState::kRtr;
-    at.path_mtu = Mtu::k1024;
-    at.dest_qp_num = 0x4001 << 8;
-    wire::Gid::parse("10.9.8.6", &at.ah_attr.dgid);
-    EXPECT_EQ(qp->modify(at, kQpState | kQpAv | kQpPathMtu | kQpDestQpn | kQpRqPsn | kQpMaxDestRdAtomic |
-                                 kQpMinRnrTimer),
-              0);
-    at.qp_state = QpState::kRts;
-    at.timeout = timeout;
-    at.retry_cnt = 7;
-    at.rnr_retry = 7;
-    EXPECT_EQ(qp->modify(at, kQpState | kQpSqPsn | kQpTimeout | kQpRetryCnt | kQpRnrRetry | kQpMaxQpRdAtomic),
-              0);
+    test::QpOptions o;
+    o.timeout = timeout;
+    wire::Gid dgid;
+    wire::Gid::parse("10.9.8.6", &dgid);
+    test::connect_qp(*qp, dgid, 0x4001 << 8, o);
   }
   ~QpToNowhere() {
     ctx.destroy_qp(qp);

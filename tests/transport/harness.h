@@ -59,6 +59,36 @@ struct QpOptions {
   bool recv_channel = false;   // the receive CQs report to a completion channel (an event-driven user)
 };
 
+// INIT -> RTR -> RTS towards QP `dest_qpn` at `dgid`, as `o` says (RC or UC).
+inline void connect_qp(core::Qp& qp, const wire::Gid& dgid, uint32_t dest_qpn, const QpOptions& o) {
+  core::QpAttr at;
+  at.qp_state = QpState::kInit;
+  at.qp_access_flags = o.access;
+  ASSERT_EQ(qp.modify(at, kQpState | kQpPkeyIndex | kQpPort | kQpAccessFlags), 0);
+  at.qp_state = QpState::kRtr;
+  at.path_mtu = o.mtu;
+  at.dest_qp_num = dest_qpn;
+  at.rq_psn = 0xFFFFF0;  // near the wrap, so PSN arithmetic is exercised
+  at.max_dest_rd_atomic = 16;
+  at.min_rnr_timer = o.min_rnr_timer;
+  at.ah_attr.dgid = dgid;
+  // MAX_DEST_RD_ATOMIC and MIN_RNR_TIMER exist for RC only (IBTA.md 9).
+  ASSERT_EQ(qp.modify(at, kQpState | kQpAv | kQpPathMtu | kQpDestQpn | kQpRqPsn |
+                              (o.type == QpType::kRc ? kQpMaxDestRdAtomic | kQpMinRnrTimer : 0u)),
+            0);
+  at.qp_state = QpState::kRts;
+  at.sq_psn = 0xFFFFF0;
+  at.timeout = o.timeout;
+  at.retry_cnt = o.retry_cnt;
+  at.rnr_retry = o.rnr_retry;
+  at.max_rd_atomic = 16;
+  ASSERT_EQ(
+      qp.modify(at,
+                kQpState | kQpSqPsn |
+                    (o.type == QpType::kRc ? kQpTimeout | kQpRetryCnt | kQpRnrRetry | kQpMaxQpRdAtomic : 0u)),
+      0);
+}
+
 class Harness {
  public:
   explicit Harness(io::Faults f = {}, QpOptions o = {}) : net_(f), o_(o) {
@@ -111,34 +141,7 @@ class Harness {
     n.mr = *n.ctx->reg_mr(n.pd, n.buf.data(), n.buf.size(), n.addr(), o_.mr_access);
   }
 
-  void connect(Node& n, Node& peer) {
-    core::QpAttr at;
-    at.qp_state = QpState::kInit;
-    at.qp_access_flags = o_.access;
-    ASSERT_EQ(n.qp->modify(at, kQpState | kQpPkeyIndex | kQpPort | kQpAccessFlags), 0);
-    at.qp_state = QpState::kRtr;
-    at.path_mtu = o_.mtu;
-    at.dest_qp_num = peer.qp->qpn();
-    at.rq_psn = 0xFFFFF0;  // near the wrap, so PSN arithmetic is exercised
-    at.max_dest_rd_atomic = 16;
-    at.min_rnr_timer = o_.min_rnr_timer;
-    at.ah_attr.dgid = peer.ctx->local_addr();
-    // MAX_DEST_RD_ATOMIC and MIN_RNR_TIMER exist for RC only (IBTA.md 9).
-    ASSERT_EQ(n.qp->modify(at, kQpState | kQpAv | kQpPathMtu | kQpDestQpn | kQpRqPsn |
-                                   (o_.type == QpType::kRc ? kQpMaxDestRdAtomic | kQpMinRnrTimer : 0u)),
-              0);
-    at.qp_state = QpState::kRts;
-    at.sq_psn = 0xFFFFF0;
-    at.timeout = o_.timeout;
-    at.retry_cnt = o_.retry_cnt;
-    at.rnr_retry = o_.rnr_retry;
-    at.max_rd_atomic = 16;
-    ASSERT_EQ(n.qp->modify(
-                  at, kQpState | kQpSqPsn |
-                          (o_.type == QpType::kRc ? kQpTimeout | kQpRetryCnt | kQpRnrRetry | kQpMaxQpRdAtomic
-                                                  : 0u)),
-              0);
-  }
+  void connect(Node& n, Node& peer) { connect_qp(*n.qp, peer.ctx->local_addr(), peer.qp->qpn(), o_); }
 
   void to_rts_ud(Node& n) {
     core::QpAttr at;

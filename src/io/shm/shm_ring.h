@@ -136,8 +136,8 @@ class Ring {
   // round trip instead of 2-3 (1,024 round trips: a SEND and an ACK each way, a page per slot then).
   void touch(size_t page) {
     for (uint32_t i = 0; i < nslots_; ++i) slots_[i].seq.fetch_add(0, std::memory_order_relaxed);
-    const volatile uint8_t* const b = bulk_;
-    for (size_t off = 0; off < size_t{nslots_} * kSlotData; off += page) (void)b[off];
+    for (size_t off = 0; off < size_t{nslots_} * kSlotData; off += page)
+      (void)__atomic_load_n(bulk_ + off, __ATOMIC_RELAXED);
   }
 
   // While no other process uses the ring (a producer's claim, before init; a consumer's warm-up before

@@ -8,9 +8,10 @@
 // A slot (128 B) holds a packet's metadata and, when it fits in kInlineData bytes, the packet itself; a
 // longer packet goes in the slot's bulk buffer (4,224 B) instead. Small packets so touch 32 slots per page
 // rather than a page each: a ping-pong runs through a ring's slots at 2 per round trip, and where each page
-// is slow at its first access (a VM whose host shadows the page tables, see Ring::touch), the ring's first
-// lap cost a page per packet (8-byte same-host ib_send_lat: 6-7 us per round trip for the first 1,024 in
-// about half the runs, against 0.95 after).
+// is slow at its first access, the ring's first lap cost a page per packet (on the project's VM, in about
+// half the runs, about 3.5 us at each page's first access by each side although both had written it
+// before, cause not found: 8-byte same-host ib_send_lat ran its first 1,024 round trips at 6-7 us, 0.95
+// after).
 //
 // A ring is a bounded multi-producer, single-consumer queue of fixed-size slots (Vyukov's bounded queue): the
 // threads of one sending context claim slots with a CAS on `tail`, fill them and publish each by storing

@@ -158,10 +158,12 @@ bool Progress::on_packets_while_app_polls() {
   return true;
 }
 
-// One sleep: until the wake fd, the sockets (unless !watch_sockets: nap_epfd_ holds the wake fd alone)
-// or sleep_ns (kNoTimer: no bound). Sockets that woke it (*sockets) are read at the next receive, even by
-// a backend that reads them seldom. Returns the number of events.
-int Progress::sleep_in_epoll(core::Nanos sleep_ns, bool watch_sockets, bool* sockets) {
+// One sleep: until the wake fd, the sockets or sleep_ns (kNoTimer: no bound). A nap does not watch the
+// sockets (nap_epfd_ holds the wake fd alone), but for a doorbell backend's (its doorbells come on them,
+// and a nap asks for none). Sockets that woke it (*sockets) are read at the next receive, even by a
+// backend that reads them seldom. Returns the number of events.
+int Progress::sleep_in_epoll(core::Nanos sleep_ns, bool nap, bool* sockets) {
+  const bool watch_sockets = !nap || ctx_->backend()->wakes_by_doorbell();
   epoll_event evs[4];
   const timespec ts{static_cast<time_t>(sleep_ns / 1'000'000'000),
                     static_cast<long>(sleep_ns % 1'000'000'000)};
@@ -244,7 +246,7 @@ void Progress::run() {
       set_nap_slack(nap, nap_slack);
       count_sleep(nap);
       bool packets = false;
-      const int n = sleep_in_epoll(sleep_ns, !(nap && !doorbells), &packets);
+      const int n = sleep_in_epoll(sleep_ns, nap, &packets);
       // A watch that ended with no packet left for this thread: the application took every one, so the
       // next sleep naps. Each packet that came still woke this thread inside epoll_pwait2, which found the
       // socket read and slept on without returning, on 2 cores preempting a spinning thread: watched for
@@ -356,7 +358,7 @@ void Progress::run() {
     wake_at_.store(sleep_ns == core::Context::kNoTimer ? core::Context::kNoTimer : ctx_->now() + sleep_ns,
                    std::memory_order_seq_cst);
     bool packets = false;
-    sleep_in_epoll(sleep_ns, !(nap && !doorbells), &packets);
+    sleep_in_epoll(sleep_ns, nap, &packets);
     if (packets) woken_by_packets = true;
     last_activity = ctx_->now();
     tick_at = 0;  // after waking, run timers at once: a kick may have armed an earlier one

@@ -66,7 +66,7 @@ bool header_ok(const PortHeader* h, size_t file_size) {
   if (h->magic != shm::kPortMagic) return false;
   std::atomic_thread_fence(std::memory_order_acquire);
   return h->version == shm::kVersion && h->max_rings == shm::kMaxRings &&
-         h->slot_bytes == shm::kSlotBytes + shm::kSlotData && valid_slots(h->nslots) &&
+         h->slot_bytes == shm::kSlotAndBulkBytes && valid_slots(h->nslots) &&
          h->rings_offset == shm::kPortHeaderBytes && h->ring_stride == shm::ring_stride(h->nslots) &&
          file_size == shm::port_file_bytes(h->nslots);
 }
@@ -358,7 +358,7 @@ int ShmIo::publish(OwnPort& o) {
   h->version = shm::kVersion;
   h->max_rings = shm::kMaxRings;
   h->nslots = cfg_.ring_slots;
-  h->slot_bytes = shm::kSlotBytes + shm::kSlotData;
+  h->slot_bytes = shm::kSlotAndBulkBytes;
   h->rings_offset = shm::kPortHeaderBytes;
   h->ring_stride = shm::ring_stride(cfg_.ring_slots);
   h->pid = pid_;

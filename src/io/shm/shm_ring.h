@@ -36,6 +36,7 @@ inline constexpr uint32_t kSlotHeader = 32;
 inline constexpr uint32_t kSlotBytes = 128;
 inline constexpr uint32_t kInlineData = kSlotBytes - kSlotHeader;  // a packet this long stays in its slot
 inline constexpr uint32_t kSlotData = 4224;  // BTH .. pad of the largest packet: 64 B headers + 4096 + pad
+inline constexpr uint32_t kSlotAndBulkBytes = kSlotBytes + kSlotData;  // a ring's bytes per slot
 inline constexpr uint32_t kDefaultSlots = 2048;  // per ring: 8.5 MiB, allocated when a sender claims it
 static_assert(kSlotData >= kMaxHdr + 4096 + 3);
 static_assert(kSlotData % 64 == 0);
@@ -61,7 +62,7 @@ struct alignas(64) RingHeader {
 static_assert(sizeof(RingHeader) == 64);
 
 inline constexpr size_t ring_bytes(uint32_t nslots) {
-  return sizeof(RingHeader) + size_t{nslots} * (kSlotBytes + kSlotData);
+  return sizeof(RingHeader) + size_t{nslots} * kSlotAndBulkBytes;
 }
 
 // One entry of a port's ring table: who owns ring i. A sender claims a free entry (CAS kFree -> kClaimed),
@@ -85,7 +86,7 @@ struct PortHeader {
   uint32_t version;
   uint32_t max_rings;
   uint32_t nslots;      // per ring
-  uint32_t slot_bytes;  // kSlotBytes + kSlotData
+  uint32_t slot_bytes;  // kSlotAndBulkBytes
   uint64_t rings_offset;
   uint64_t ring_stride;  // ring_bytes(nslots), rounded up to a page
   int32_t pid;           // the receiving process

@@ -24,7 +24,8 @@ Runs on this machine, every process on 127.0.0.1:
              CPU (printed beside the targets: every latency figure here includes them)
 
 Every case runs --runs times (the cases interleaved, so that a change in the machine's load touches every
-tool alike) and each figure is the median with its min and max. Output (DIR, default BUILD/bench): table.txt
+tool alike) and each figure is the median with its min and max. Each target's ratio of medians is followed by
+the ratios run by run (run k of one case over run k of the other, from the same pass). Output (DIR, default BUILD/bench): table.txt
 (what is printed), results.csv (every run's raw figures), results.json (raw figures, medians, targets),
 plot.png (bandwidth and latency against size).
 
@@ -829,7 +830,7 @@ def targets(cases):
         ratio = va / vb if va is not None and vb else None
         met = None if ratio is None else (ratio >= limit if op == ">=" else ratio <= limit)
         out.append({"target": name, "softrdma": va, "peer": vb, "ratio": ratio, "op": op, "limit": limit,
-                    "met": met, "unit": how,
+                    "met": met, "unit": how, "run_by_run": run_by_run(a, am, b, bm),
                     "why_missing": None if ratio is not None else
                     "; ".join(dict.fromkeys(x for x in (why(a, am), why(b, bm)) if x))})
 
@@ -857,6 +858,19 @@ def targets(cases):
         add(f"{path}: ib_write_lat 8 B <= 1.0x fi_pingpong shm 64 B", sr("ib_write_lat", 8, variant=variant),
             "lat_us", find(cases, "libfabric", "fi_pingpong", "shm", 64), "lat_us", "<=", 1.0, "us")
     return out
+
+
+def run_by_run(a, am, b, bm):
+    """The ratios of the two cases' runs of the same pass (run k of one over run k of the other), as a
+    summary, or None: a check on a ratio of medians when the machine's speed moves between passes (the
+    medians can then come from a fast pass of one case and a slow one of the other)."""
+    if a is None or b is None:
+        return None
+    ratios = [ra[am] / rb[bm] for ra, rb in zip(a.runs, b.runs)
+              if "error" not in ra and "error" not in rb and ra.get(am) is not None and rb.get(bm)]
+    if not ratios:
+        return None
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios), "n": len(ratios)}
 
 
 def why(case, metric):
@@ -952,7 +966,9 @@ def table(cases, meta, tgts):
                 w(f"  {size_str(size):>7} " + " ".join(f"{v:>14}" for v in row))
         w("  columns: " + "; ".join(n for n in names))
         w("")
-    w("targets (issue 6): ratio = softrdma / peer, of medians from this run")
+    w("targets (issue 6): ratio = softrdma / peer, of medians from this run; run by run: the ratios of the runs of")
+    w("  one pass (run k of each; the cases of a pass run one after the other), whose spread shows how far the")
+    w("  machine's changing speed moves the ratio of medians")
     if not any(c.variant == "socket" for c in cases):
         w("  (socket path = softrdma's default here: --socket-env none kept the same-host path on for them)")
     mach = find(cases, "floor", "machine", "cpu", 0)
@@ -987,8 +1003,11 @@ def table(cases, meta, tgts):
             w(f"  {status:6} {t['target']}: no figure ({t['why_missing']})")
         else:
             sc = 1e-9 if t["unit"] == "GB/s" else (1e-6 if t["unit"] == "Mmsg/s" else 1.0)
+            pairs = t["run_by_run"]
+            by_run = (f"; run by run {pairs['min']:.2f}-{pairs['max']:.2f}, median {pairs['median']:.2f}"
+                      if pairs and pairs["n"] > 1 else "")
             w(f"  {status:6} {t['target']}: {fmt(t['softrdma'] * sc)} vs {fmt(t['peer'] * sc)} {t['unit']}, "
-              f"ratio {t['ratio']:.2f} (needs {t['op']} {t['limit']})")
+              f"ratio {t['ratio']:.2f} (needs {t['op']} {t['limit']}){by_run}")
     return "\n".join(lines) + "\n"
 
 

@@ -78,6 +78,13 @@ check(len(official) == 10, f"{len(official)} targets, issue 6 lists 10")
 check(len(targets) - len(official) == 2, "the two same-host targets are not repeated for SOFTRDMA_SHARE_MR=1")
 for t in targets:
     check(t["ratio"] is not None or t["why_missing"], f"target without ratio or reason: {t['target']}")
+    # One run each (--quick): the run-by-run ratio is the ratio of the two figures, as the ratio of medians.
+    pairs = t.get("run_by_run")
+    if t["ratio"] is not None:
+        check(pairs is not None and pairs["n"] >= 1, f"target without its run-by-run ratios: {t['target']}")
+        if pairs and pairs["n"] == 1:
+            check(abs(pairs["median"] - t["ratio"]) < 1e-9 * t["ratio"],
+                  f"{t['target']}: run-by-run ratio {pairs['median']} differs from {t['ratio']}")
     check(t["target"] in table, f"target not in the table: {t['target']}")
 
 with open(os.path.join(out, "results.csv")) as f:

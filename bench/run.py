@@ -42,8 +42,13 @@ The latency figure is each tool's mean per operation (perftest's t_avg, UCX's ov
 fi_pingpong's only figure); perftest's and UCX's typical (median) values are kept in the raw data.
 
 CPU per operation: user+system time of the server and of the client process (wait4's rusage, threads and
-reaped children included) divided by the operations of the run (bandwidth tests: messages; latency tests:
-round trips). Packets per operation (softrdma only): tx_packets of both processes, read from their own
+reaped children included) per operation of the run (bandwidth tests: messages; latency tests: round trips),
+less the setup: each perftest, UCX and fi_pingpong case also runs once with SETUP_OPS operations (before its
+first run), and what that run's processes used is taken off, (CPU - setup CPU) / (operations - SETUP_OPS);
+not shown where less than MIN_WORK_CPU_S is left (the setup's CPU time moves by tens of milliseconds).
+Without it, setup (connections, buffers, registration, a softrdma port's prewarm) was most of a latency
+run's CPU time: 0.45 s of 0.51 per side in an 8-byte socket ib_write_lat of 5,000 round trips. qperf's
+runs (2 s each) and the floors are taken whole. Packets per operation (softrdma only): tx_packets of both processes, read from their own
 counter files in /dev/shm (src/io/stats_shm.h) before they are reaped, so other processes' traffic does not
 count. Syscalls per operation: a separate, shorter pass under `perf stat -e raw_syscalls:sys_enter`
 (strace -c -f if perf cannot), so that counting does not disturb the main figures.
@@ -68,6 +73,11 @@ from dataclasses import dataclass, field
 
 KIB, MIB = 1 << 10, 1 << 20
 PERFTEST_CQ_MOD = 100  # perftest's default -Q (cq_mod): one send completion per 100 posts
+SETUP_OPS = 10  # operations of a setup run (Runner.setup_cost), whose CPU time each run of the case is less
+# Less CPU than this beyond the setup run's is not shown: the setup's own CPU time (0.4-0.5 s per side for
+# perftest over softrdma) moves by tens of milliseconds from run to run. A same-host ping-pong of 5,000
+# round trips of 1-2 us is 5-10 ms of work.
+MIN_WORK_CPU_S = 0.05
 SIZES = [8, 64, 4 * KIB, 64 * KIB, MIB, 8 * MIB]
 QPS = [1, 8, 64]
 UDP_MAX = 65507
@@ -95,6 +105,7 @@ class Case:
     syscalls: bool = False  # also measured in the syscall pass
     missing: str = ""  # why the figure cannot be had here (set before or during the run)
     runs: list = field(default_factory=list)
+    setup: dict = None  # the setup run's operations and CPU seconds per side (Runner.setup_cost)
     syscall_run: dict = field(default_factory=dict)
 
     @property
@@ -349,14 +360,20 @@ class Runner:
         self.sys = None  # SyscallCounter during the syscall pass
         self.socket_env = dict(kv.split("=", 1) for kv in args.socket_env)
         self.kernel_copy_vals = {}  # (size, pairs, run): one floor-bench kernel-copy gives both floors
+        self.tiny = False  # a setup run (setup_cost): SETUP_OPS operations
+        self.setup = None  # the setup run of the case running now: {"ops", "cpu_server_s", "cpu_client_s"}
 
     # Budgets: how much one run moves. Bandwidth: bytes or messages; latency: round trips.
     def bw_msgs(self, size):
+        if self.tiny:
+            return SETUP_OPS
         if self.quick:
             return max(20, min(10000, (32 * MIB) // size))
         return max(100, min(200000, (1024 * MIB) // size))
 
     def lat_iters(self, size):
+        if self.tiny:
+            return SETUP_OPS
         if self.quick:
             return max(10, min(100, MIB // size))  # under load a round trip can take 20 ms
         return max(20, min(5000, (256 * MIB) // size))
@@ -606,11 +623,21 @@ class Runner:
 
     def finish(self, r, server, client):
         ops = r.get("ops") or 0
+        r["cpu_server_s"], r["cpu_client_s"] = server.cpu_s, client.cpu_s  # the whole process, setup included
+        if self.tiny:
+            return r
         if ops > 0:
-            if server.cpu_s is not None:
-                r["cpu_server_us"] = server.cpu_s * 1e6 / ops
-            if client.cpu_s is not None:
-                r["cpu_client_us"] = client.cpu_s * 1e6 / ops
+            for side, p in (("server", server), ("client", client)):
+                if p.cpu_s is None:
+                    continue
+                if self.setup is None:
+                    r[f"cpu_{side}_us"] = p.cpu_s * 1e6 / ops
+                    continue
+                # Less the setup run's CPU; none when what is left is within that run's noise.
+                base = self.setup.get(f"cpu_{side}_s")
+                work, more = p.cpu_s - (base or 0), ops - self.setup["ops"]
+                if base is not None and work >= MIN_WORK_CPU_S and more > 0:
+                    r[f"cpu_{side}_us"] = work * 1e6 / more
             if server.counters is not None and client.counters is not None:
                 tx = server.counters.get("tx_packets", 0) + client.counters.get("tx_packets", 0)
                 r["packets_per_op"] = tx / ops
@@ -626,7 +653,26 @@ class Runner:
     def run(self, case, run):
         fn = {"softrdma": self.perftest, "qperf": self.qperf, "ucx": self.ucx, "libfabric": self.fabric,
               "floor": self.floor}[case.tool]
+        self.setup = case.setup
         return fn(case, run)
+
+    def setup_cost(self, case):
+        """Runs an iteration-counted case once with SETUP_OPS operations: its processes' CPU time is the
+        setup that finish() takes off each run's. None for the tools whose runs are timed (qperf), the floors,
+        or when that run failed."""
+        if case.tool not in ("softrdma", "ucx", "libfabric"):
+            return None
+        fn = {"softrdma": self.perftest, "ucx": self.ucx, "libfabric": self.fabric}[case.tool]
+        self.tiny, self.setup = True, None
+        try:
+            r = fn(case, "setup")
+        except Missing:
+            return None
+        finally:
+            self.tiny = False
+        if r.get("cpu_server_s") is None or r.get("cpu_client_s") is None or not r.get("ops"):
+            return None
+        return {"ops": r["ops"], "cpu_server_s": r["cpu_server_s"], "cpu_client_s": r["cpu_client_s"]}
 
 
 def cma_unavailable():
@@ -913,8 +959,11 @@ def table(cases, meta, tgts):
     w("latency in us: 'half' = half the round trip (one-way estimate), 'full' = a whole round trip; the figure is")
     w("each run's mean per operation (the statistic every tool reports); (median) is the run's median where the")
     w("tool reports one (perftest t_typical, UCX 50th percentile, floor-bench). Targets compare means.")
-    w("CPU us/op per side (server/client) = process user+sys time / operations; pkts/op = packets sent by both")
-    w("softrdma processes / operations, +Nd: also N operations done one-sided, with no packet (same host); sys/op = syscalls per operation from a separate pass of 1 run, "
+    w(f"CPU us/op per side (server/client) = process user+sys time / operations, less a setup run of {SETUP_OPS} operations")
+    w("(perftest, UCX, fi_pingpong: (CPU - its CPU) / (operations - its operations); '-' where less than "
+      f"{MIN_WORK_CPU_S * 1e3:.0f} ms of CPU was")
+    w("left, within the setup's noise); pkts/op = packets sent by both softrdma processes / operations, +Nd: also N")
+    w("operations done one-sided, with no packet (same host); sys/op = syscalls per operation from a separate pass of 1 run, "
       f"counted by: {meta['syscalls']}.")
     w("")
     hdr = (f"{'case':34} {'size':>7} {'QPs':>3} {'GB/s':>22} {'MiB/s':>9} {'Mmsg/s':>9} {'latency us (mean)':>24} "
@@ -1029,13 +1078,15 @@ def series(cases, metric):
 def write_csv(path, cases):
     cols = ["id", "tool", "test", "transport", "variant", "size", "qps", "kind", "latency_convention", "run",
             "bw_bytes_per_sec", "msg_rate_per_sec", "lat_us", "lat_typical_us", "ops", "cpu_server_us_per_op",
-            "cpu_client_us_per_op", "packets_per_op", "direct_per_op", "retransmits", "syscalls_server_per_op",
-            "syscalls_client_per_op", "error"] + MACHINE_METRICS
+            "cpu_client_us_per_op", "cpu_server_s", "cpu_client_s", "packets_per_op", "direct_per_op", "retransmits",
+            "syscalls_server_per_op", "syscalls_client_per_op", "error"] + MACHINE_METRICS
     with open(path, "w", newline="") as f:
         wr = csv.writer(f)
         wr.writerow(cols)
         for c in cases:
             rows = list(enumerate(c.runs, 1))
+            if c.setup:
+                rows.insert(0, ("setup", c.setup))  # its CPU seconds are what each run's per-op CPU is less
             if c.syscall_run:
                 rows.append(("syscalls", c.syscall_run))
             if not rows:
@@ -1043,7 +1094,8 @@ def write_csv(path, cases):
             for run, r in rows:
                 wr.writerow([c.id, c.tool, c.test, c.transport, c.variant, c.size, c.qps, c.kind, c.rtt, run,
                              r.get("bw"), r.get("rate"), r.get("lat_us"), r.get("lat_typical_us"), r.get("ops"),
-                             r.get("cpu_server_us"), r.get("cpu_client_us"), r.get("packets_per_op"),
+                             r.get("cpu_server_us"), r.get("cpu_client_us"), r.get("cpu_server_s"),
+                             r.get("cpu_client_s"), r.get("packets_per_op"),
                              r.get("direct_per_op"),
                              r.get("retransmits"), r.get("syscalls_server"), r.get("syscalls_client"),
                              r.get("error", c.missing)] + [r.get(m) for m in MACHINE_METRICS])
@@ -1155,6 +1207,8 @@ def main():
     for run in range(1, runs + 1):
         for i, c in enumerate(todo, 1):
             t0 = time.monotonic()
+            if run == 1:
+                c.setup = runner.setup_cost(c)
             try:
                 r = runner.run(c, run)
             except Missing as e:
@@ -1198,7 +1252,7 @@ def main():
     doc = {"meta": meta, "conventions": __doc__, "targets": tg,
            "cases": [{"id": c.id, "tool": c.tool, "test": c.test, "transport": c.transport, "variant": c.variant,
                       "size": c.size, "qps": c.qps, "kind": c.kind, "latency_convention": c.rtt,
-                      "missing": c.missing or None, "runs": c.runs, "syscall_run": c.syscall_run,
+                      "missing": c.missing or None, "runs": c.runs, "setup_run": c.setup, "syscall_run": c.syscall_run,
                       "summary": summary(c)} for c in cases]}
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(doc, f, indent=1)

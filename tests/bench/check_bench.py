@@ -11,6 +11,9 @@ import subprocess
 import sys
 
 repo, build, out = sys.argv[1:4]
+_spec = importlib.util.spec_from_file_location("run_py", os.path.join(repo, "bench", "run.py"))
+run_py = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(run_py)  # its constants (bench/run.py runs only as __main__)
 if not shutil.which("ib_write_bw"):
     print("perftest not installed (scripts/deps.sh installs it)")
     sys.exit(77)
@@ -47,8 +50,18 @@ for c in cases:
         continue  # a peer that is not installed: the table says so
     check(fig is not None and fig > 0, f"{c['id']}: no {metric} figure ({[x.get('error') for x in c['runs']]})")
     if c["tool"] == "softrdma" and fig:
-        for m in ("cpu_server_us", "cpu_client_us"):
-            check(c["summary"].get(m, {}).get("median", 0) > 0, f"{c['id']}: no {m}")
+        # CPU per operation is each run's CPU less the setup run's, per operation beyond the setup run's, and
+        # is left out where less than MIN_WORK_CPU_S remains (--quick's short runs, often).
+        setup = c["setup_run"]
+        check(setup and setup["cpu_server_s"] > 0 and setup["cpu_client_s"] > 0, f"{c['id']}: no setup run")
+        for r in c["runs"]:
+            for side in ("server", "client"):
+                check(r.get(f"cpu_{side}_s", 0) > 0, f"{c['id']}: no CPU time of the {side}")
+                if setup and f"cpu_{side}_us" in r:
+                    work = r[f"cpu_{side}_s"] - setup[f"cpu_{side}_s"]
+                    want = work * 1e6 / (r["ops"] - setup["ops"])
+                    check(work >= run_py.MIN_WORK_CPU_S and abs(r[f"cpu_{side}_us"] - want) <= 1e-9 * want,
+                          f"{c['id']}: cpu_{side}_us {r[f'cpu_{side}_us']} is not (CPU - setup) / (ops - setup ops)")
         # Every operation is either packets or, on the same host, one-sided with none.
         moved = sum(c["summary"].get(m, {}).get("median", 0) for m in ("packets_per_op", "direct_per_op"))
         check(moved > 0, f"{c['id']}: neither packets nor one-sided operations counted")

@@ -51,7 +51,8 @@ run's CPU time: 0.45 s of 0.51 per side in an 8-byte socket ib_write_lat of 5,00
 runs (2 s each) and the floors are taken whole. Packets per operation (softrdma only): tx_packets of both processes, read from their own
 counter files in /dev/shm (src/io/stats_shm.h) before they are reaped, so other processes' traffic does not
 count. Syscalls per operation: a separate, shorter pass under `perf stat -e raw_syscalls:sys_enter`
-(strace -c -f if perf cannot), so that counting does not disturb the main figures.
+(strace -c -f if perf cannot), so that counting does not disturb the main figures; a setup run is counted
+there too and taken off as for CPU time.
 """
 
 import argparse
@@ -106,6 +107,7 @@ class Case:
     missing: str = ""  # why the figure cannot be had here (set before or during the run)
     runs: list = field(default_factory=list)
     setup: dict = None  # the setup run's operations and CPU seconds per side (Runner.setup_cost)
+    syscall_setup: dict = None  # the same, counted in the syscall pass: its syscalls per side too
     syscall_run: dict = field(default_factory=dict)
 
     @property
@@ -624,6 +626,9 @@ class Runner:
     def finish(self, r, server, client):
         ops = r.get("ops") or 0
         r["cpu_server_s"], r["cpu_client_s"] = server.cpu_s, client.cpu_s  # the whole process, setup included
+        for side, p in (("server", server), ("client", client)):
+            if getattr(p, "syscalls", None) is not None:
+                r[f"syscalls_{side}_total"] = p.syscalls
         if self.tiny:
             return r
         if ops > 0:
@@ -644,16 +649,22 @@ class Runner:
                 direct = server.counters.get("direct_ops", 0) + client.counters.get("direct_ops", 0)
                 r["direct_per_op"] = direct / ops
                 r["retransmits"] = server.counters.get("retransmits", 0) + client.counters.get("retransmits", 0)
-            if getattr(server, "syscalls", None) is not None:
-                r["syscalls_server"] = server.syscalls / ops
-            if getattr(client, "syscalls", None) is not None:
-                r["syscalls_client"] = client.syscalls / ops
+            # Syscalls less the setup run's (counted in the same pass), as CPU time above.
+            for side in ("server", "client"):
+                total = r.get(f"syscalls_{side}_total")
+                if total is None:
+                    continue
+                base = self.setup.get(f"syscalls_{side}_total") if self.setup else None
+                if base is None:
+                    r[f"syscalls_{side}"] = total / ops
+                elif total > base and ops > self.setup["ops"]:
+                    r[f"syscalls_{side}"] = (total - base) / (ops - self.setup["ops"])
         return r
 
     def run(self, case, run):
         fn = {"softrdma": self.perftest, "qperf": self.qperf, "ucx": self.ucx, "libfabric": self.fabric,
               "floor": self.floor}[case.tool]
-        self.setup = case.setup
+        self.setup = case.syscall_setup if self.sys is not None else case.setup
         return fn(case, run)
 
     def setup_cost(self, case):
@@ -665,14 +676,15 @@ class Runner:
         fn = {"softrdma": self.perftest, "ucx": self.ucx, "libfabric": self.fabric}[case.tool]
         self.tiny, self.setup = True, None
         try:
-            r = fn(case, "setup")
+            r = fn(case, "setup" if self.sys is None else "sys-setup")
         except Missing:
             return None
         finally:
             self.tiny = False
         if r.get("cpu_server_s") is None or r.get("cpu_client_s") is None or not r.get("ops"):
             return None
-        return {"ops": r["ops"], "cpu_server_s": r["cpu_server_s"], "cpu_client_s": r["cpu_client_s"]}
+        return {k: v for k, v in r.items()
+                if k == "ops" or k.startswith("cpu_") or (k.startswith("syscalls_") and k.endswith("_total"))}
 
 
 def cma_unavailable():
@@ -963,7 +975,8 @@ def table(cases, meta, tgts):
     w("(perftest, UCX, fi_pingpong: (CPU - its CPU) / (operations - its operations); '-' where less than "
       f"{MIN_WORK_CPU_S * 1e3:.0f} ms of CPU was")
     w("left, within the setup's noise); pkts/op = packets sent by both softrdma processes / operations, +Nd: also N")
-    w("operations done one-sided, with no packet (same host); sys/op = syscalls per operation from a separate pass of 1 run, "
+    w("operations done one-sided, with no packet (same host); sys/op = syscalls per operation from a separate pass of 1 run "
+      "(less a setup run's there), "
       f"counted by: {meta['syscalls']}.")
     w("")
     hdr = (f"{'case':34} {'size':>7} {'QPs':>3} {'GB/s':>22} {'MiB/s':>9} {'Mmsg/s':>9} {'latency us (mean)':>24} "
@@ -1231,6 +1244,7 @@ def main():
             meta["syscalls"] = counter.how
             runner.sys = counter
             for c in [c for c in todo if syscall_subset(c, args.quick)]:
+                c.syscall_setup = runner.setup_cost(c)
                 try:
                     c.syscall_run = runner.run(c, "sys")
                 except Missing as e:
@@ -1253,6 +1267,7 @@ def main():
            "cases": [{"id": c.id, "tool": c.tool, "test": c.test, "transport": c.transport, "variant": c.variant,
                       "size": c.size, "qps": c.qps, "kind": c.kind, "latency_convention": c.rtt,
                       "missing": c.missing or None, "runs": c.runs, "setup_run": c.setup, "syscall_run": c.syscall_run,
+                      "syscall_setup_run": c.syscall_setup,
                       "summary": summary(c)} for c in cases]}
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(doc, f, indent=1)

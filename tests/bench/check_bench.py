@@ -69,6 +69,15 @@ for c in cases:
     if c["kind"] == "lat":
         check(c["latency_convention"] in ("half", "full"), f"{c['id']}: latency not labelled half/full")
 
+# Syscalls per operation (when they could be counted) less the setup run's counted in the same pass.
+if "not counted" not in doc["meta"].get("syscalls", "not counted"):
+    for c in [c for c in cases if c["tool"] == "softrdma" and c["syscall_run"] and "error" not in c["syscall_run"]]:
+        setup, r = c["syscall_setup_run"], c["syscall_run"]
+        check(setup and setup.get("syscalls_client_total", 0) > 0, f"{c['id']}: no counted setup run")
+        if setup and "syscalls_client" in r:
+            want = (r["syscalls_client_total"] - setup["syscalls_client_total"]) / (r["ops"] - setup["ops"])
+            check(abs(r["syscalls_client"] - want) <= 1e-9 * want, f"{c['id']}: syscalls_client is not less the setup's")
+
 # The floors that bound the targets are printed beside them when they ran.
 for test, line in (("udp_pingpong_rc", "the RC pair's own floor"), ("mem_pingpong", "the same-host WRITE's own floor")):
     floor = [c for c in cases if c["tool"] == "floor" and c["test"] == test]

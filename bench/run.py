@@ -24,7 +24,8 @@ Runs on this machine, every process on 127.0.0.1:
              CPU (printed beside the targets: every latency figure here includes them)
 
 Every case runs --runs times (the cases interleaved, so that a change in the machine's load touches every
-tool alike) and each figure is the median with its min and max. Each target's ratio of medians is followed by
+tool alike; in each pass the cases that a target compares run one after the other, then the rest) and each
+figure is the median with its min and max. Each target's ratio of medians is followed by
 the ratios run by run (run k of one case over run k of the other, from the same pass). Output (DIR, default BUILD/bench): table.txt
 (what is printed), results.csv (every run's raw figures), results.json (raw figures, medians, targets),
 plot.png (bandwidth and latency against size).
@@ -889,6 +890,7 @@ def targets(cases):
         met = None if ratio is None else (ratio >= limit if op == ">=" else ratio <= limit)
         out.append({"target": name, "softrdma": va, "peer": vb, "ratio": ratio, "op": op, "limit": limit,
                     "met": met, "unit": how, "run_by_run": run_by_run(a, am, b, bm),
+                    "case_ids": [a.id if a else None, b.id if b else None],
                     "why_missing": None if ratio is not None else
                     "; ".join(dict.fromkeys(x for x in (why(a, am), why(b, bm)) if x))})
 
@@ -916,6 +918,36 @@ def targets(cases):
         add(f"{path}: ib_write_lat 8 B <= 1.0x fi_pingpong shm 64 B", sr("ib_write_lat", 8, variant=variant),
             "lat_us", find(cases, "libfabric", "fi_pingpong", "shm", 64), "lat_us", "<=", 1.0, "us")
     return out
+
+
+def execution_order(todo):
+    """The cases of a pass in the order they run: the cases that targets compare first, each beside the cases
+    it is compared with (the machine's speed moves within a pass: ratios of runs minutes apart mixed it in),
+    then the rest in the table's order."""
+    by_id = {c.id: c for c in todo}
+    pairs = [t["case_ids"] for t in targets(todo) if all(i in by_id for i in t["case_ids"])]
+    # The floors printed beside the targets, beside what they are set against.
+    for a, b in ((find(todo, "floor", "udp_pingpong", "udp", 8), find(todo, "floor", "udp_pingpong_rc", "udp", 8)),
+                 (find(todo, "libfabric", "fi_pingpong", "shm", 64), find(todo, "floor", "mem_pingpong", "procmem", 8))):
+        if a is not None and b is not None:
+            pairs.append([b.id, a.id])
+    partners = {}
+    for a, b in pairs:
+        partners.setdefault(a, []).append(b)
+        partners.setdefault(b, []).append(a)
+    order, placed = [], set()
+
+    def place(i):  # the case, then (depth first) whatever is compared with it
+        if i in placed:
+            return
+        placed.add(i)
+        order.append(by_id[i])
+        for j in partners[i]:
+            place(j)
+
+    for a, b in pairs:
+        place(b)  # the peer first: each softrdma case then follows what it is set against
+    return order + [c for c in todo if c.id not in placed]
 
 
 def run_by_run(a, am, b, bm):
@@ -1215,7 +1247,7 @@ def main():
                                 "and longest in microseconds, the share of its time in percent, the period of the "
                                 "20 us ones in milliseconds"}}
     runner = Runner(args, build, out)
-    todo = [c for c in cases if not c.missing]
+    todo = execution_order([c for c in cases if not c.missing])
     started = time.monotonic()
     for run in range(1, runs + 1):
         for i, c in enumerate(todo, 1):

@@ -6,6 +6,7 @@ import csv
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,7 @@ shutil.rmtree(out, ignore_errors=True)
 r = subprocess.run(["/usr/bin/python3", os.path.join(repo, "bench", "run.py"), "--quick", "--build", build,
                     "--out", out], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=170)
 print(r.stdout)
+printed = r.stdout
 errors = []
 
 
@@ -95,6 +97,13 @@ if all(c["summary"].get("bw", {}).get("median") for c in kernel):
     check("the kernel's copy from 64 QPs'" in table, "table.txt lacks the kernel_copy floors beside the targets")
 
 targets = doc["targets"]
+# Each pass runs the cases a target compares one after the other (the first pass's order, as printed).
+order = [m.group(1) for m in re.finditer(r"^\[run 1/\d+ \d+/\d+\] (\S+):", printed, re.M)]
+for t in targets:
+    ids = t.get("case_ids") or []
+    if len(ids) == 2 and all(i in order for i in ids):
+        check(abs(order.index(ids[0]) - order.index(ids[1])) <= 3, f"{t['target']}: its cases ran far apart")
+
 official = [t for t in targets if "opt-in" not in t["target"]]
 check(len(official) == 10, f"{len(official)} targets, issue 6 lists 10")
 check(len(targets) - len(official) == 2, "the two same-host targets are not repeated for SOFTRDMA_SHARE_MR=1")

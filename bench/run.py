@@ -25,9 +25,9 @@ Runs on this machine, every process on 127.0.0.1:
 
 Every case runs --runs times (the cases interleaved, so that a change in the machine's load touches every
 tool alike; in each pass the cases that a target compares run one after the other, then the rest) and each
-figure is the median with its min and max. Each target's ratio of medians is followed by
-the ratios run by run (run k of one case over run k of the other, from the same pass). Output (DIR, default BUILD/bench): table.txt
-(what is printed), results.csv (every run's raw figures), results.json (raw figures, medians, targets),
+figure is the median with its min and max. Each target's ratio of medians is followed by the ratios run by
+run (run k of one case over run k of the other, from the same pass). Output (DIR, default BUILD/bench):
+table.txt (what is printed), results.csv (every run's raw figures), results.json (raw figures, medians, targets),
 plot.png (bandwidth and latency against size).
 
 Units: bandwidth is printed in GB/s (10^9 B/s) and MiB/s. perftest's MB/sec and UCX's MB/s are MiB/s,
@@ -49,9 +49,9 @@ first run), and what that run's processes used is taken off, (CPU - setup CPU) /
 not shown where less than MIN_WORK_CPU_S is left (the setup's CPU time moves by tens of milliseconds).
 Without it, setup (connections, buffers, registration, a softrdma port's prewarm) was most of a latency
 run's CPU time: 0.45 s of 0.51 per side in an 8-byte socket ib_write_lat of 5,000 round trips. qperf's
-runs (2 s each) and the floors are taken whole. Packets per operation (softrdma only): tx_packets of both processes, read from their own
-counter files in /dev/shm (src/io/stats_shm.h) before they are reaped, so other processes' traffic does not
-count. Syscalls per operation: a separate, shorter pass under `perf stat -e raw_syscalls:sys_enter`
+runs (2 s each) and the floors are taken whole. Packets per operation (softrdma only): tx_packets of both
+processes, read from their own counter files in /dev/shm (src/io/stats_shm.h) before they are reaped, so
+other processes' traffic does not count. Syscalls per operation: a separate, shorter pass under `perf stat -e raw_syscalls:sys_enter`
 (strace -c -f if perf cannot), so that counting does not disturb the main figures; a setup run is counted
 there too and taken off as for CPU time.
 """
@@ -76,6 +76,7 @@ from dataclasses import dataclass, field
 KIB, MIB = 1 << 10, 1 << 20
 PERFTEST_CQ_MOD = 100  # perftest's default -Q (cq_mod): one send completion per 100 posts
 SETUP_OPS = 10  # operations of a setup run (Runner.setup_cost), whose CPU time each run of the case is less
+SETUP_TOOLS = ("softrdma", "ucx", "libfabric")  # the tools whose runs are counted in operations: they get one
 # Less CPU than this beyond the setup run's is not shown: the setup's own CPU time (0.4-0.5 s per side for
 # perftest over softrdma) moves by tens of milliseconds from run to run. A same-host ping-pong of 5,000
 # round trips of 1-2 us is 5-10 ms of work.
@@ -365,6 +366,7 @@ class Runner:
         self.kernel_copy_vals = {}  # (size, pairs, run): one floor-bench kernel-copy gives both floors
         self.tiny = False  # a setup run (setup_cost): SETUP_OPS operations
         self.setup = None  # the setup run of the case running now: {"ops", "cpu_server_s", "cpu_client_s"}
+        self.setup_expected = False  # whether the case running now has one (SETUP_TOOLS)
 
     # Budgets: how much one run moves. Bandwidth: bytes or messages; latency: round trips.
     def bw_msgs(self, size):
@@ -637,7 +639,8 @@ class Runner:
                 if p.cpu_s is None:
                     continue
                 if self.setup is None:
-                    r[f"cpu_{side}_us"] = p.cpu_s * 1e6 / ops
+                    if not self.setup_expected:  # (where one was expected and failed: no figure)
+                        r[f"cpu_{side}_us"] = p.cpu_s * 1e6 / ops
                     continue
                 # Less the setup run's CPU; none when what is left is within that run's noise.
                 base = self.setup.get(f"cpu_{side}_s")
@@ -657,7 +660,8 @@ class Runner:
                     continue
                 base = self.setup.get(f"syscalls_{side}_total") if self.setup else None
                 if base is None:
-                    r[f"syscalls_{side}"] = total / ops
+                    if not self.setup_expected:
+                        r[f"syscalls_{side}"] = total / ops
                 elif total > base and ops > self.setup["ops"]:
                     r[f"syscalls_{side}"] = (total - base) / (ops - self.setup["ops"])
         return r
@@ -666,13 +670,14 @@ class Runner:
         fn = {"softrdma": self.perftest, "qperf": self.qperf, "ucx": self.ucx, "libfabric": self.fabric,
               "floor": self.floor}[case.tool]
         self.setup = case.syscall_setup if self.sys is not None else case.setup
+        self.setup_expected = case.tool in SETUP_TOOLS
         return fn(case, run)
 
     def setup_cost(self, case):
         """Runs an iteration-counted case once with SETUP_OPS operations: its processes' CPU time is the
         setup that finish() takes off each run's. None for the tools whose runs are timed (qperf), the floors,
         or when that run failed."""
-        if case.tool not in ("softrdma", "ucx", "libfabric"):
+        if case.tool not in SETUP_TOOLS:
             return None
         fn = {"softrdma": self.perftest, "ucx": self.ucx, "libfabric": self.fabric}[case.tool]
         self.tiny, self.setup = True, None
@@ -1003,13 +1008,12 @@ def table(cases, meta, tgts):
     w("latency in us: 'half' = half the round trip (one-way estimate), 'full' = a whole round trip; the figure is")
     w("each run's mean per operation (the statistic every tool reports); (median) is the run's median where the")
     w("tool reports one (perftest t_typical, UCX 50th percentile, floor-bench). Targets compare means.")
-    w(f"CPU us/op per side (server/client) = process user+sys time / operations, less a setup run of {SETUP_OPS} operations")
-    w("(perftest, UCX, fi_pingpong: (CPU - its CPU) / (operations - its operations); '-' where less than "
-      f"{MIN_WORK_CPU_S * 1e3:.0f} ms of CPU was")
-    w("left, within the setup's noise); pkts/op = packets sent by both softrdma processes / operations, +Nd: also N")
-    w("operations done one-sided, with no packet (same host); sys/op = syscalls per operation from a separate pass of 1 run "
-      "(less a setup run's there), "
-      f"counted by: {meta['syscalls']}.")
+    w(f"CPU us/op per side (server/client) = process user+sys time / operations, less a setup run of {SETUP_OPS}")
+    w("operations (perftest, UCX, fi_pingpong: (CPU - its CPU) / (operations - its operations); '-' where less than")
+    w(f"{MIN_WORK_CPU_S * 1e3:.0f} ms of CPU was left, within the setup's noise); pkts/op = packets sent by both softrdma "
+      "processes /")
+    w("operations, +Nd: also N operations done one-sided, with no packet (same host); sys/op = syscalls per operation")
+    w(f"from a separate pass of 1 run (less a setup run's there), counted by: {meta['syscalls']}.")
     w("")
     hdr = (f"{'case':34} {'size':>7} {'QPs':>3} {'GB/s':>22} {'MiB/s':>9} {'Mmsg/s':>9} {'latency us (mean)':>24} "
            f"{'(median)':>8} {'CPU us/op srv/cli':>19} {'pkts/op':>11} {'sys/op srv/cli':>15}")

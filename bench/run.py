@@ -365,8 +365,6 @@ class Runner:
         self.socket_env = dict(kv.split("=", 1) for kv in args.socket_env)
         self.kernel_copy_vals = {}  # (size, pairs, run): one floor-bench kernel-copy gives both floors
         self.tiny = False  # a setup run (setup_cost): SETUP_OPS operations
-        self.setup = None  # the setup run of the case running now: {"ops", "cpu_server_s", "cpu_client_s"}
-        self.setup_expected = False  # whether the case running now has one (SETUP_TOOLS)
 
     # Budgets: how much one run moves. Bandwidth: bytes or messages; latency: round trips.
     def bw_msgs(self, size):
@@ -493,7 +491,7 @@ class Runner:
             r.update(bw=rate * case.size, rate=rate, raw_bw_mib=float(figs[3]))
         else:  # #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
             r.update(lat_us=float(figs[5]), lat_typical_us=float(figs[4]), lat_min_us=float(figs[2]))
-        return self.finish(r, server, client)
+        return self.finish(case, r, server, client)
 
     # --- qperf ---
     def qperf(self, case, run):
@@ -517,7 +515,7 @@ class Runner:
         else:
             lat = float(vals["latency"]) / 1000  # -uu prints nanoseconds
             r = {"lat_us": lat, "ops": float(vals.get("loc_recv_msgs", 0))}
-        return self.finish(r, server, client)
+        return self.finish(case, r, server, client)
 
     # --- ucx_perftest ---
     def ucx(self, case, run):
@@ -547,7 +545,7 @@ class Runner:
         r = {"ops": int(it), "bw": float(overall_bw) * MIB, "rate": float(overall_mr)}
         if case.kind == "lat":
             r.update(lat_us=float(overall_lat), lat_typical_us=float(typ))
-        return self.finish(r, server, client)
+        return self.finish(case, r, server, client)
 
     # --- fi_pingpong ---
     def fabric(self, case, run):
@@ -568,7 +566,7 @@ class Runner:
         row = rows[-1]
         lat = float(row[-2])
         r = {"lat_us": lat, "ops": iters, "bw": float(row[-3]) * 1e6, "bw_note": "both directions"}
-        return self.finish(r, server, client)
+        return self.finish(case, r, server, client)
 
     # --- floors ---
     def floor(self, case, run):
@@ -613,7 +611,7 @@ class Runner:
             raise Missing(f"floor-bench udp-client exit {client.rc}: {tail(client.output())}")
         r = {"lat_us": float(vals["half_rtt_avg_us"]), "lat_typical_us": float(vals["half_rtt_median_us"]),
              "ops": iters}
-        return self.finish(r, server, client)
+        return self.finish(case, r, server, client)
 
     def solo(self, case, run, argv, side, key):
         """Runs one floor-bench process to its end: its Proc and key=values; Missing unless it exited 0 and
@@ -626,7 +624,7 @@ class Runner:
             raise Missing(f"floor-bench {argv[1]} exit {p.rc}: {tail(p.output())}")
         return p, vals
 
-    def finish(self, r, server, client):
+    def finish(self, case, r, server, client):
         ops = r.get("ops") or 0
         r["cpu_server_s"], r["cpu_client_s"] = server.cpu_s, client.cpu_s  # the whole process, setup included
         for side, p in (("server", server), ("client", client)):
@@ -634,44 +632,46 @@ class Runner:
                 r[f"syscalls_{side}_total"] = p.syscalls
         if self.tiny:
             return r
+        setup = case.syscall_setup if self.sys is not None else case.setup
+
+        def less_setup(total, key, least):
+            """`total` per operation, less the setup run's `key` (per operation beyond its operations); None
+            where less than `least` is left (the setup's noise), or where the case's setup run failed. The
+            tools without one (SETUP_TOOLS) are taken whole."""
+            if setup is None:
+                return None if case.tool in SETUP_TOOLS else total / ops
+            base = setup.get(key)
+            if base is None or total - base < least or ops <= setup["ops"]:
+                return None
+            return (total - base) / (ops - setup["ops"])
+
         if ops > 0:
             for side, p in (("server", server), ("client", client)):
-                if p.cpu_s is None:
-                    continue
-                if self.setup is None:
-                    if not self.setup_expected:  # (where one was expected and failed: no figure)
-                        r[f"cpu_{side}_us"] = p.cpu_s * 1e6 / ops
-                    continue
-                # Less the setup run's CPU; none when what is left is within that run's noise.
-                base = self.setup.get(f"cpu_{side}_s")
-                work, more = p.cpu_s - (base or 0), ops - self.setup["ops"]
-                if base is not None and work >= MIN_WORK_CPU_S and more > 0:
-                    r[f"cpu_{side}_us"] = work * 1e6 / more
+                if p.cpu_s is not None:
+                    per_op = less_setup(p.cpu_s, f"cpu_{side}_s", MIN_WORK_CPU_S)
+                    if per_op is not None:
+                        r[f"cpu_{side}_us"] = per_op * 1e6
             if server.counters is not None and client.counters is not None:
                 tx = server.counters.get("tx_packets", 0) + client.counters.get("tx_packets", 0)
                 r["packets_per_op"] = tx / ops
                 direct = server.counters.get("direct_ops", 0) + client.counters.get("direct_ops", 0)
                 r["direct_per_op"] = direct / ops
                 r["retransmits"] = server.counters.get("retransmits", 0) + client.counters.get("retransmits", 0)
-            # Syscalls less the setup run's (counted in the same pass), as CPU time above.
+            # Syscalls less the setup run's, counted in the same pass (at least one left).
             for side in ("server", "client"):
                 total = r.get(f"syscalls_{side}_total")
-                if total is None:
-                    continue
-                base = self.setup.get(f"syscalls_{side}_total") if self.setup else None
-                if base is None:
-                    if not self.setup_expected:
-                        r[f"syscalls_{side}"] = total / ops
-                elif total > base and ops > self.setup["ops"]:
-                    r[f"syscalls_{side}"] = (total - base) / (ops - self.setup["ops"])
+                if total is not None:
+                    per_op = less_setup(total, f"syscalls_{side}_total", 1)
+                    if per_op is not None:
+                        r[f"syscalls_{side}"] = per_op
         return r
 
+    def tool(self, case):
+        return {"softrdma": self.perftest, "qperf": self.qperf, "ucx": self.ucx, "libfabric": self.fabric,
+                "floor": self.floor}[case.tool]
+
     def run(self, case, run):
-        fn = {"softrdma": self.perftest, "qperf": self.qperf, "ucx": self.ucx, "libfabric": self.fabric,
-              "floor": self.floor}[case.tool]
-        self.setup = case.syscall_setup if self.sys is not None else case.setup
-        self.setup_expected = case.tool in SETUP_TOOLS
-        return fn(case, run)
+        return self.tool(case)(case, run)
 
     def setup_cost(self, case):
         """Runs an iteration-counted case once with SETUP_OPS operations: its processes' CPU time is the
@@ -679,10 +679,9 @@ class Runner:
         or when that run failed."""
         if case.tool not in SETUP_TOOLS:
             return None
-        fn = {"softrdma": self.perftest, "ucx": self.ucx, "libfabric": self.fabric}[case.tool]
-        self.tiny, self.setup = True, None
+        self.tiny = True
         try:
-            r = fn(case, "setup" if self.sys is None else "sys-setup")
+            r = self.tool(case)(case, "setup" if self.sys is None else "sys-setup")
         except Missing:
             return None
         finally:
@@ -925,6 +924,17 @@ def targets(cases):
     return out
 
 
+# The floors printed beside the targets (table), each with what it is set against: (that case, the floor),
+# as find()'s arguments.
+BESIDE_TARGETS = ((("floor", "udp_pingpong", "udp", 8), ("floor", "udp_pingpong_rc", "udp", 8)),
+                  (("libfabric", "fi_pingpong", "shm", 64), ("floor", "mem_pingpong", "procmem", 8)))
+
+
+def beside_targets(cases):
+    """[(case, floor)] of BESIDE_TARGETS, None where not in `cases`."""
+    return [(find(cases, *a), find(cases, *b)) for a, b in BESIDE_TARGETS]
+
+
 def execution_order(todo):
     """The cases of a pass in the order they run: the cases that targets compare first, each beside the cases
     it is compared with (the machine's speed moves within a pass: ratios of runs minutes apart mixed it in),
@@ -932,8 +942,7 @@ def execution_order(todo):
     by_id = {c.id: c for c in todo}
     pairs = [t["case_ids"] for t in targets(todo) if all(i in by_id for i in t["case_ids"])]
     # The floors printed beside the targets, beside what they are set against.
-    for a, b in ((find(todo, "floor", "udp_pingpong", "udp", 8), find(todo, "floor", "udp_pingpong_rc", "udp", 8)),
-                 (find(todo, "libfabric", "fi_pingpong", "shm", 64), find(todo, "floor", "mem_pingpong", "procmem", 8))):
+    for a, b in beside_targets(todo):
         if a is not None and b is not None:
             pairs.append([b.id, a.id])
     partners = {}
@@ -1076,11 +1085,10 @@ def table(cases, meta, tgts):
           f"second, {fmt(med(mach, 'pause_median_us'))} us at the median (longest {fmt(med(mach, 'pause_max_us'))}), "
           f"the long ones every {fmt(med(mach, 'pause_period_ms'))} ms: {fmt(med(mach, 'pause_lost_pct'))}% of its "
           "time, which every latency mean here includes, the floors' too)")
-    plain, rc = (find(cases, "floor", t, "udp", 8) for t in ("udp_pingpong", "udp_pingpong_rc"))
+    (plain, rc), (shm, mem) = beside_targets(cases)
     if med(plain, "lat_us") and med(rc, "lat_us"):
         w(f"  (the RC pair's own floor, udp_pingpong_rc: {fmt(med(rc, 'lat_us'))} us = "
           f"{med(rc, 'lat_us') / med(plain, 'lat_us'):.2f}x the UDP floor, before any work of softrdma's)")
-    mem, shm = find(cases, "floor", "mem_pingpong", "procmem", 8), find(cases, "libfabric", "fi_pingpong", "shm", 64)
     if med(mem, "lat_us") and med(shm, "lat_us"):
         w(f"  (the same-host WRITE's own floor, mem_pingpong: {fmt(med(mem, 'lat_us'))} us = "
           f"{med(mem, 'lat_us') / med(shm, 'lat_us'):.2f}x fi_pingpong shm 64 B: a pwrite on the peer's "

@@ -85,12 +85,14 @@ class CompletionChannel {
  public:
   ~CompletionChannel() = default;
   int fd() const { return ch_->fd(); }
-  // Blocks until a CQ armed with req_notify gets a completion; returns it.
+  // Blocks until a CQ armed with req_notify gets a completion; returns it. Meanwhile this thread receives
+  // the context's packets itself (core::Context::wait_for_event), unless the fd was made non-blocking.
   Result<CompletionQueue*> get_event();
 
  private:
   friend class Context;
   std::unique_ptr<core::CompChannel> ch_;
+  core::Context* ctx_ = nullptr;
 };
 
 class CompletionQueue {

@@ -131,6 +131,7 @@ Result<std::unique_ptr<CompletionChannel>> Context::create_comp_channel() {
   if (!ch) return std::unexpected(ch.error());
   auto h = std::unique_ptr<CompletionChannel>(new CompletionChannel);
   h->ch_ = std::move(*ch);
+  h->ctx_ = ctx_;
   return h;
 }
 
@@ -144,7 +145,7 @@ Result<std::unique_ptr<CompletionQueue>> Context::create_cq(uint32_t cqe, Comple
 }
 
 Result<CompletionQueue*> CompletionChannel::get_event() {
-  auto cq = ch_->get_event();
+  auto cq = ch_->get_event(ctx_);
   if (!cq) return std::unexpected(cq.error());
   return static_cast<CompletionQueue*>((*cq)->user_context);
 }

@@ -1,6 +1,8 @@
 #include "core/context.h"
 
+#include <poll.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -492,6 +494,77 @@ int Context::drive(io::TxBatch& tx, Nanos now, bool run_timers) {
     driving_.store(false, std::memory_order_seq_cst);
   } while (rescan_.load(std::memory_order_seq_cst));
   return total;
+}
+
+namespace {
+// Whether every signal handler of the process restarts system calls (SA_RESTART). A signal interrupts a
+// blocking read() of a channel's fd (ibv_get_cq_event in rdma-core) only without it, but poll() always:
+// after poll() says EINTR, waiting on is right only if the read would have gone on. (Which signal came is
+// not known: a handler without SA_RESTART makes it EINTR. qperf ends a test with SIGALRM so, its side
+// blocked in ibv_get_cq_event; a wait that went on hung the test.)
+bool handlers_restart() {
+  for (int sig = 1; sig < NSIG; ++sig) {
+    // Raised by a faulting instruction, never during a system call (sanitizers install handlers for them).
+    if (sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE || sig == SIGILL || sig == SIGTRAP) continue;
+    struct sigaction sa {};
+    if (sigaction(sig, nullptr, &sa) != 0) continue;
+    if ((sa.sa_flags & SA_SIGINFO) == 0 && (sa.sa_handler == SIG_DFL || sa.sa_handler == SIG_IGN)) continue;
+    if ((sa.sa_flags & SA_RESTART) == 0) return false;
+  }
+  return true;
+}
+}  // namespace
+
+int Context::wait_for_event(CompChannel& ch) {
+  ThreadState& ts = tls_once(tls);
+  ts.tx.sink = backend_;
+  pollfd fds[1 + kMaxEventWaitFds];
+  // The lease (event_wait_lease_end) begins at the first sleep on the sockets, and again when the wait
+  // ends: a thread that cannot sleep on them here leaves receiving to the progress thread, undisturbed.
+  struct Leave {
+    Context* c;
+    bool slept = false;
+    ~Leave() {
+      if (slept) c->event_wait_at_.store(c->now(), std::memory_order_relaxed);
+    }
+  } leave{this};
+  for (;;) {
+    bool other = false;  // another thread drives: it reads the sockets (hand_over)
+    while (drive(ts.tx, now(), true) < 0 && !(other = hand_over())) {
+    }
+    if (ch.has_event()) return 0;
+    if (other) {
+      // Sleeping on the sockets, which it has yet to read, would be a spin beside it (on its CPU, until the
+      // scheduler's tick): wait for the channel alone, briefly, then look again.
+      fds[0] = pollfd{ch.fd(), POLLIN, 0};
+      const timespec t{0, kEventWaitBesideDriverNs};
+      const int r = ppoll(fds, 1, &t, nullptr);
+      if (r > 0) return 0;
+      if (r < 0 && errno == EINTR && !handlers_restart()) return EINTR;
+      continue;
+    }
+    const int n = backend_->app_wait_fds(fds + 1, kMaxEventWaitFds);
+    if (n < 0) continue;  // something came meanwhile
+    if (n == 0) return 0;
+    fds[0] = pollfd{ch.fd(), POLLIN, 0};
+    // Until the next timer (this thread runs the timers, as any driver).
+    const Nanos deadline = next_timer();
+    timespec t{};
+    if (deadline != kNoTimer) {
+      const Nanos at = now();
+      const Nanos ns = deadline > at ? deadline - at : 0;
+      t = timespec{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+    }
+    counters_->add(Counter::event_wait_sleeps);
+    if (!leave.slept) {
+      leave.slept = true;
+      event_wait_at_.store(now(), std::memory_order_relaxed);
+    }
+    const int r = ppoll(fds, static_cast<nfds_t>(n + 1), deadline == kNoTimer ? nullptr : &t, nullptr);
+    if (r > 0 && (fds[0].revents & POLLIN) != 0) return 0;
+    if (r > 0) backend_->sockets_readable();
+    if (r < 0 && errno == EINTR && !handlers_restart()) return EINTR;
+  }
 }
 
 bool Context::drive_from_app() {

@@ -116,6 +116,25 @@ class Context {
   // From an application thread: drives progress with a batch of its own if no one else is. True when it
   // may have produced completions (it received packets, or sent what this thread's posts left queued).
   bool drive_from_app();
+  // From an application thread about to block on `ch` (ibv_get_cq_event) with no event there: receives
+  // itself until one is, sleeping in poll() between packets and timers on the backend's sockets and the
+  // channel's fd, so that a packet wakes the thread that waits for it, as a blocking UDP receive would
+  // (the progress thread's wake-up, then the channel's, made two: 8-byte ib_send_lat -e over UDP 55-87 us
+  // typical against 14 for a blocking UDP ping-pong). Returns without an event only when the backend
+  // offers nothing to sleep on (io/sim, fault injection): the caller then blocks on the fd alone. 0, or
+  // EINTR where a signal would have interrupted that blocking read (a handler without SA_RESTART).
+  int wait_for_event(CompChannel& ch);
+  static constexpr int kMaxEventWaitFds = 8;  // sockets; a context with more leaves it to the progress thread
+  static constexpr long kEventWaitBesideDriverNs = 50'000;
+  // When an application thread last began or ended such a wait: until kEventWaitLeaseNs after it, the
+  // progress thread sleeps without watching the sockets (the application receives; each packet woke both
+  // threads) and req_notify does not wake it. Past that, a thread that waits on the channel's fd by its own
+  // poll() gets its events from the progress thread again: the lease bounds how late they may come then.
+  Nanos event_wait_lease_end() const {
+    const Nanos at = event_wait_at_.load(std::memory_order_relaxed);
+    return at == 0 ? 0 : at + kEventWaitLeaseNs;
+  }
+  static constexpr Nanos kEventWaitLeaseNs = 2'000'000;
   // Counts the application's empty polls (a hint: relaxed, lost updates possible): a value that does not
   // move for microseconds means no thread polls right now.
   uint32_t app_poll_seq() const { return app_poll_seq_.load(std::memory_order_relaxed); }
@@ -220,6 +239,7 @@ class Context {
   std::atomic<Nanos> watch_asked_at_{0};
   std::atomic<uint32_t> rc_sending_{0};
   std::atomic<uint32_t> next_pd_id_{0};
+  std::atomic<Nanos> event_wait_at_{0};  // wait_for_event's last entry or exit
   std::atomic<Nanos> app_drive_ns_{0};  // when an application thread was last seen busy-polling
   std::atomic<int> app_cpu_{-1};        // app_cpu
   static constexpr uint32_t kBusyPollRun = 64;

@@ -64,7 +64,8 @@ namespace softrdma {
   X(answer_holds, "send completions held from polls for the peer's answer (a ping-pong's ACK came alone)") \
   X(answer_holds_late, "of those, released with no answer in time") \
   X(progress_sleeps, "progress-thread sleeps (each ends in a wake-up)")               \
-  X(progress_naps, "of those, naps beside a polling application (sockets not watched)") \
+  X(progress_naps, "of those, naps (sockets not watched) beside an application that polls or waits for events") \
+  X(event_wait_sleeps, "sleeps of application threads in ibv_get_cq_event that receive themselves") \
   X(poll_yields, "CPU given up (sched_yield) by application threads after 20 us of polls that found nothing") \
   X(retry_waits, "ACK timeouts that waited once more: the same-host peer was still reading what came before") \
   X(mr_pages_touched, "MR pages the kernel read once at registration (io/kernel_touch.h)")

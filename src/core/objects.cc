@@ -1,5 +1,6 @@
 #include "core/objects.h"
 
+#include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
 #include <unistd.h>
@@ -118,7 +119,13 @@ void CompChannel::notify(Cq* cq) {
   [[maybe_unused]] ssize_t n = write(fd_, &one, sizeof one);
 }
 
-std::expected<Cq*, int> CompChannel::get_event() {
+std::expected<Cq*, int> CompChannel::get_event(Context* ctx) {
+  if (ctx != nullptr && !has_event()) {
+    const int flags = fcntl(fd_, F_GETFL);
+    if (flags >= 0 && (flags & O_NONBLOCK) == 0) {
+      if (const int err = ctx->wait_for_event(*this)) return std::unexpected(err);
+    }
+  }
   uint64_t v;
   if (read(fd_, &v, sizeof v) != sizeof v) return std::unexpected(errno);
   std::lock_guard g(mu_);

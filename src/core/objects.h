@@ -123,8 +123,13 @@ class CompChannel {
   ~CompChannel();
   int fd() const { return fd_; }
   void notify(Cq* cq);
-  // Blocks (unless the fd was made non-blocking) until a CQ fires; returns it.
-  std::expected<Cq*, int> get_event();
+  // Blocks (unless the fd was made non-blocking) until a CQ fires; returns it. With `ctx` (the context of
+  // the channel's CQs), a blocking wait receives on this thread meanwhile (Context::wait_for_event).
+  std::expected<Cq*, int> get_event(Context* ctx = nullptr);
+  bool has_event() {
+    std::lock_guard g(mu_);
+    return !fired_.empty();
+  }
   std::atomic<uint32_t> users{0};
 
  private:

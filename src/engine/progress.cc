@@ -81,7 +81,13 @@ void Progress::kick(core::Nanos by) {
   // was compared with that 0. A deferred ACK armed by an application thread in that window, which can last
   // milliseconds (before_sleep warms up rings), went out only when the peer sent its packet again: beside a
   // CPU hog, one same-host `ib_write_bw -R -q 4` in 4 waited out the 0.54 s ACK timeout of rdma_cm's QPs.)
-  if (by == 0) watch_until_.store(ctx_->now() + kWatchAfterNotifyNs, std::memory_order_seq_cst);
+  if (by == 0) {
+    const core::Nanos now = ctx_->now();
+    watch_until_.store(now + kWatchAfterNotifyNs, std::memory_order_seq_cst);
+    // An application thread that waits in ibv_get_cq_event receives for itself (the lease's sleep ends
+    // by itself soon enough for one that waits otherwise).
+    if (ctx_->event_wait_lease_end() > now) return;
+  }
   // kKickWatch wakes it whatever its deadline: a nap must turn into a watch (Context::kKickWatch).
   if (!sleeping_.load(std::memory_order_seq_cst)) return;
   const core::Nanos wake_at = wake_at_.load(std::memory_order_seq_cst);
@@ -160,10 +166,10 @@ bool Progress::on_packets_while_app_polls() {
 
 // One sleep: until the wake fd, the sockets or sleep_ns (kNoTimer: no bound). A nap does not watch the
 // sockets (nap_epfd_ holds the wake fd alone), but for a doorbell backend's (its doorbells come on them,
-// and a nap asks for none). Sockets that woke it (*sockets) are read at the next receive, even by a
-// backend that reads them seldom. Returns the number of events.
-int Progress::sleep_in_epoll(core::Nanos sleep_ns, bool nap, bool* sockets) {
-  const bool watch_sockets = !nap || ctx_->backend()->wakes_by_doorbell();
+// and a nap asks for none); a deaf sleep watches none. Sockets that woke it (*sockets) are read at the next
+// receive, even by a backend that reads them seldom. Returns the number of events.
+int Progress::sleep_in_epoll(core::Nanos sleep_ns, bool nap, bool* sockets, bool deaf) {
+  const bool watch_sockets = !deaf && (!nap || ctx_->backend()->wakes_by_doorbell());
   epoll_event evs[4];
   const timespec ts{static_cast<time_t>(sleep_ns / 1'000'000'000),
                     static_cast<long>(sleep_ns % 1'000'000'000)};
@@ -339,6 +345,23 @@ void Progress::run() {
     // woken thread on the CPU 60 us later, 20 us there, for 13 ms). 6 interleaved pairs of 5,000
     // iterations: doorbells 7-217 -> 5-13 a run, average 1.13-4.11 -> 1.18-1.53 us (lower in 5 of 6).
     ctx_->backend()->before_sleep();
+    // An application thread waits for events and receives itself (Context::wait_for_event), or did so
+    // lately: sleep without watching the sockets (every packet woke both, and the two then took turns at
+    // the receive path), until the next timer or the end of that lease, which need not be exact (nap
+    // slack). 8-byte ib_send_lat -e over UDP, typical: 55-87 -> 21.5 us.
+    if (const core::Nanos lease_end = ctx_->event_wait_lease_end();
+        got_last >= 0 && lease_end > ctx_->now()) {
+      const core::Nanos to_lease_end = lease_end - ctx_->now();
+      set_nap_slack(to_lease_end <= sleep_ns, nap_slack);
+      sleep_ns = std::min(sleep_ns, to_lease_end);
+      count_sleep(true);
+      wake_at_.store(ctx_->now() + sleep_ns, std::memory_order_seq_cst);
+      bool packets = false;
+      sleep_in_epoll(sleep_ns, true, &packets, true);
+      last_activity = ctx_->now();
+      tick_at = 0;
+      continue;
+    }
     const uint32_t calls_now = ctx_->app_poll_seq();
     const bool nap = !events_awaited() && calls_now != sleep_calls && !ctx_->take_watch_request();
     sleep_calls = calls_now;

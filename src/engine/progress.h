@@ -31,7 +31,7 @@ class Progress {
  private:
   void run();
   void drain_wake_fd();
-  int sleep_in_epoll(core::Nanos sleep_ns, bool nap, bool* sockets);
+  int sleep_in_epoll(core::Nanos sleep_ns, bool nap, bool* sockets, bool deaf = false);
   void count_sleep(bool nap);  // counters progress_sleeps and progress_naps
   bool on_packets_while_app_polls();
 

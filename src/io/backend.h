@@ -3,6 +3,8 @@
 // are the port of its socket (ARCHITECTURE.md, Addressing), so a peer finds a QP's socket from its QPN.
 #pragma once
 
+#include <poll.h>
+
 #include <cstdint>
 #include <expected>
 
@@ -70,6 +72,13 @@ class Backend : public TxSink {
   virtual bool arm_wakeup() { return false; }
   // Called by that receiver when it wakes up.
   virtual void woke() {}
+  // For an application thread that sleeps until a packet comes (Context::wait_for_event), beside the
+  // progress thread's own sleeps: fills `fds` with up to `max` descriptors that poll() reports readable
+  // (level-triggered) while rx_burst has something, and asks for what wakes them (io/shm: its senders'
+  // doorbells, as arm_wakeup). Returns their number; -1 when something may have come already (call rx_burst
+  // instead of sleeping); 0 when this backend has none to offer (then the thread does not receive).
+  // Unlike poll_fd(), no nap of the progress thread makes them deaf. Thread-safe beside rx_burst.
+  virtual int app_wait_fds(pollfd* /*fds*/, int /*max*/) { return 0; }
   // Called by a receiver that poll_fd() woke with data: the next rx_burst reads every source (io/shm reads
   // its sockets only now and then while its rings are busy). Thread-safe beside rx_burst.
   virtual void sockets_readable() {}

@@ -1,17 +1,22 @@
 // The native API over a real context on sr_lo: objects, their limits and the errno of each misuse (the
 // value rdma-core/rxe return), completion channels, solicited events, CQ overflow and the SRQ limit event.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 
 #include <chrono>
 #include <cstring>
+#include <expected>
+#include <thread>
 #include <vector>
 
 #include "softrdma/connect.h"
 #include "softrdma/softrdma.h"
-#include "util/wr.h"
 #include "util/sanitizer.h"
+#include "util/wr.h"
 
 namespace softrdma {
 namespace {
@@ -227,6 +232,108 @@ TEST(Api, CompletionChannelAndSolicitedEvents) {
   auto cq = l.ch->get_event();
   ASSERT_TRUE(cq);
   EXPECT_EQ(*cq, l.cq_b.get());
+}
+
+// A thread blocked in get_event receives the packets itself (core::Context::wait_for_event), sleeping on
+// the sockets: the SEND posted by another thread while it waits wakes it with its event.
+TEST(Api, BlockingGetEventReceivesOnTheWaitingThread) {
+  Loop l;
+  const uint64_t sleeps = l.ctx->counters().get(Counter::event_wait_sleeps);
+  ASSERT_TRUE(l.cq_b->req_notify());
+  Sge rs = l.mr->sge(1000, 100);
+  ASSERT_TRUE(l.b->post_recv(RecvWr{5, std::span(&rs, 1)}));
+  std::memcpy(l.buf.data(), "while waiting", 13);
+  std::thread sender([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // get_event is asleep by then
+    Sge s;
+    EXPECT_TRUE(l.a->post_send(l.send(0, 13, &s)));
+  });
+  auto cq = l.ch->get_event();
+  sender.join();
+  ASSERT_TRUE(cq);
+  EXPECT_EQ(*cq, l.cq_b.get());
+  Wc wc = l.wait(*l.cq_b);
+  EXPECT_EQ(wc.wr_id, 5u);
+  EXPECT_EQ(std::memcmp(l.buf.data() + 1000, "while waiting", 13), 0);
+  EXPECT_GT(l.ctx->counters().get(Counter::event_wait_sleeps), sleeps)
+      << "get_event did not wait on the sockets";
+  EXPECT_EQ(l.wait(*l.cq_a).status, WcStatus::kSuccess);
+}
+
+// The timers still run while a thread waits for events and the progress thread sleeps beside it without
+// watching the sockets: a SEND that finds no receive is retried (RNR) until one is posted, 30 ms later.
+TEST(Api, RnrRetriesRunWhileAThreadWaitsForEvents) {
+  Loop l;
+  ASSERT_TRUE(l.cq_b->req_notify());
+  Sge s;
+  ASSERT_TRUE(l.a->post_send(l.send(0, 8, &s)));
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    Sge rs = l.mr->sge(1000, 100);
+    EXPECT_TRUE(l.b->post_recv(RecvWr{9, std::span(&rs, 1)}));
+  });
+  auto cq = l.ch->get_event();
+  late.join();
+  ASSERT_TRUE(cq);
+  EXPECT_EQ(l.wait(*l.cq_b).wr_id, 9u);
+  EXPECT_EQ(l.wait(*l.cq_a).status, WcStatus::kSuccess);
+  EXPECT_GT(l.ctx->counters().get(Counter::rnr_retries), 0u);
+}
+
+// A signal whose handler does not restart system calls interrupts a blocking get_event with EINTR, as it
+// interrupts rdma-core's blocking read() of the channel's fd; with SA_RESTART the wait goes on.
+void on_usr1(int) {}
+std::expected<CompletionQueue*, int> get_event_signalled(Loop& l, bool restart) {
+  struct sigaction sa {
+  }, old{};
+  sa.sa_handler = on_usr1;
+  sa.sa_flags = restart ? SA_RESTART : 0;
+  sigemptyset(&sa.sa_mask);
+  EXPECT_EQ(sigaction(SIGUSR1, &sa, &old), 0);
+  EXPECT_TRUE(l.cq_b->req_notify());
+  Sge rs = l.mr->sge(1000, 100);
+  EXPECT_TRUE(l.b->post_recv(RecvWr{3, std::span(&rs, 1)}));
+  const pthread_t waiter = pthread_self();
+  std::thread other([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    pthread_kill(waiter, SIGUSR1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    Sge s;
+    EXPECT_TRUE(l.a->post_send(l.send(0, 8, &s)));  // the event a wait that went on gets
+  });
+  auto cq = l.ch->get_event();
+  other.join();
+  sigaction(SIGUSR1, &old, nullptr);
+  return cq;
+}
+
+TEST(Api, SignalWithoutRestartInterruptsGetEvent) {
+  Loop l;
+  auto cq = get_event_signalled(l, false);
+  ASSERT_FALSE(cq);
+  EXPECT_EQ(cq.error(), EINTR);
+  EXPECT_EQ(l.wait(*l.cq_b).wr_id, 3u);
+}
+
+TEST(Api, SignalWithRestartLeavesGetEventWaiting) {
+  Loop l;
+  auto cq = get_event_signalled(l, true);
+  ASSERT_TRUE(cq);
+  EXPECT_EQ(*cq, l.cq_b.get());
+  EXPECT_EQ(l.wait(*l.cq_b).wr_id, 3u);
+}
+
+// A channel fd made non-blocking: get_event with nothing fired says EAGAIN at once, without waiting.
+TEST(Api, NonBlockingChannelGetEventIsEagain) {
+  Loop l;
+  ASSERT_TRUE(l.cq_b->req_notify());
+  const int fl = fcntl(l.ch->fd(), F_GETFL);
+  ASSERT_EQ(fcntl(l.ch->fd(), F_SETFL, fl | O_NONBLOCK), 0);
+  const uint64_t sleeps = l.ctx->counters().get(Counter::event_wait_sleeps);
+  auto cq = l.ch->get_event();
+  ASSERT_FALSE(cq);
+  EXPECT_EQ(cq.error(), EAGAIN);
+  EXPECT_EQ(l.ctx->counters().get(Counter::event_wait_sleeps), sleeps);
 }
 
 TEST(Api, CqOverflowRaisesCqError) {

@@ -478,7 +478,7 @@ int ibv_destroy_cq(ibv_cq* ibcq) {
 int ibv_resize_cq(ibv_cq*, int) { return EOPNOTSUPP; }
 
 int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {
-  auto core = to_channel(channel)->core->get_event();
+  auto core = to_channel(channel)->core->get_event(to_ctx(channel->context)->core);
   if (!core) {
     errno = core.error();
     return -1;

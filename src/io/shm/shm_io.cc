@@ -638,6 +638,13 @@ bool ShmIo::arm_wakeup() {
   return false;
 }
 
+int ShmIo::app_wait_fds(pollfd* fds, int max) {
+  if (faults_) return 0;
+  const int n = udp_->app_wait_fds(fds, max);
+  if (n <= 0) return n;
+  return arm_wakeup() ? -1 : n;
+}
+
 // ---- Transmit ----
 
 void ShmIo::tx_burst(std::span<TxPacket> pkts) {

@@ -99,6 +99,8 @@ class ShmIo : public Backend {
   int poll_fd() const override { return udp_->poll_fd(); }
   const wire::Gid& local_addr() const override { return udp_->local_addr(); }
   bool arm_wakeup() override;
+  // The UDP sockets, where doorbells come, after arm_wakeup (none under fault injection).
+  int app_wait_fds(pollfd* fds, int max) override;
   void woke() override { armed_.store(false, std::memory_order_relaxed); }
   void before_sleep() override { touch_rings(); }
   void sockets_readable() override { udp_readable_.store(true, std::memory_order_relaxed); }

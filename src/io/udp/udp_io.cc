@@ -279,6 +279,19 @@ bool UdpIo::arm_wakeup() {
 
 void UdpIo::nap() { set_watched(false); }
 
+int UdpIo::app_wait_fds(pollfd* fds, int max) {
+  if (faults_) return 0;
+  const uint32_t n = nslots_.load(std::memory_order_acquire);
+  int k = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    const Socket* s = slots_[i].load(std::memory_order_acquire);
+    if (s == nullptr) continue;
+    if (k == max) return 0;
+    fds[k++] = pollfd{s->fd, POLLIN, 0};
+  }
+  return k;
+}
+
 void UdpIo::set_watched(bool on) {
   if (watched_.load(std::memory_order_relaxed) == on) return;
   std::lock_guard lock(ctl_mu_);

@@ -74,6 +74,9 @@ class UdpIo : public Backend {
   // sockets) to nap(). With more sockets than kDirectRecvMaxSockets they stay: rx_burst asks epfd_ which are
   // readable.
   bool arm_wakeup() override;
+  // The open sockets, at most `max` of them (else 0); none under fault injection, whose held packets a
+  // timer in epfd_ releases.
+  int app_wait_fds(pollfd* fds, int max) override;
   void nap() override;
 
   // Frames and sends every packet, in order, on the socket whose port is pkt.src.port (the source address

@@ -8,6 +8,10 @@
 //                                               to 4) and an ACK (20 bytes) in one GSO send, received
 //                                               coalesced (UDP_GRO); the server echoes each such message as
 //                                               it came
+//   floor-bench udp-{server,client} ... block   the plain ping-pong with blocking receives: each side
+//                                               sleeps in recv until the datagram comes (a wake-up per half
+//                                               round trip, as for an application that waits for
+//                                               completion events)
 //   floor-bench memcpy SIZE SECONDS [PAIRS]     copy SIZE bytes between two buffers, again and again, for
 //                                               SECONDS; with PAIRS, between PAIRS pairs of buffers in turn
 //                                               (64 pairs of 1 MiB: the working set of 64 QPs' buffers)
@@ -56,6 +60,7 @@
 #include <cstring>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -156,14 +161,24 @@ int udp_server_rc(uint16_t port) {
   }
 }
 
-int udp_server(uint16_t port) {
+// Makes `fd` blocking, its receives bounded by `timeout` (SO_RCVTIMEO: then EAGAIN).
+void set_blocking(int fd, std::chrono::milliseconds timeout) {
+  const int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) die("fcntl");
+  const timeval tv{static_cast<time_t>(timeout.count() / 1000),
+                   static_cast<suseconds_t>(timeout.count() % 1000 * 1000)};
+  if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0) die("setsockopt SO_RCVTIMEO");
+}
+
+int udp_server(uint16_t port, bool block) {
   const int fd = loopback_socket(port);
+  if (block) set_blocking(fd, std::chrono::milliseconds(0));  // 0: no bound
   std::vector<char> buf(kMaxDatagram);
   for (;;) {
     sockaddr_in from{};
     socklen_t len = sizeof from;
-    const ssize_t n =
-        recvfrom(fd, buf.data(), buf.size(), MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&from), &len);
+    const ssize_t n = recvfrom(fd, buf.data(), buf.size(), block ? 0 : MSG_DONTWAIT,
+                               reinterpret_cast<sockaddr*>(&from), &len);
     if (n < 0) {
       if (errno == EAGAIN || errno == EINTR) continue;
       die("recvfrom");
@@ -252,14 +267,22 @@ int ping_pong(int fd, uint16_t port, size_t size, long iters, Ping ping, Pong po
   return 0;
 }
 
-int udp_client(uint16_t port, size_t size, long iters) {
+int udp_client(uint16_t port, size_t size, long iters, bool block) {
   const int fd = client_socket(port);
   std::vector<char> buf(std::max<size_t>(size, 1));
   const auto ping = [&] {
     return send(fd, buf.data(), size, 0) == static_cast<ssize_t>(size) || errno == ECONNREFUSED;
   };
+  if (block) set_blocking(fd, std::chrono::milliseconds(100));  // the first pings' wait; then kReplyTimeout
+  bool timeout_set = false;
   const auto pong = [&](Clock::duration timeout, bool refused_ok) {
-    return recv_spin(fd, buf.data(), buf.size(), timeout, refused_ok);
+    if (!block) return recv_spin(fd, buf.data(), buf.size(), timeout, refused_ok);
+    if (timeout == kReplyTimeout && !std::exchange(timeout_set, true))
+      set_blocking(fd, std::chrono::duration_cast<std::chrono::milliseconds>(kReplyTimeout));
+    if (recv(fd, buf.data(), buf.size(), 0) >= 0) return true;
+    if (errno == ECONNREFUSED && refused_ok) return false;
+    if (errno != EAGAIN && errno != EINTR) die("recv");
+    return false;
   };
   return ping_pong(fd, port, size, iters, ping, pong);
 }
@@ -498,8 +521,8 @@ int machine(double seconds) {
 
 int usage() {
   std::fprintf(stderr,
-               "usage: floor-bench udp-server PORT [rc]\n"
-               "       floor-bench udp-client PORT SIZE ITERS [rc]\n"
+               "usage: floor-bench udp-server PORT [rc|block]\n"
+               "       floor-bench udp-client PORT SIZE ITERS [rc|block]\n"
                "       floor-bench memcpy SIZE SECONDS [PAIRS]\n"
                "       floor-bench kernel-copy SIZE PAIRS\n"
                "       floor-bench mem-pingpong SIZE ITERS\n"
@@ -514,15 +537,17 @@ int main(int argc, char** argv) {
   const auto num = [&](int i) { return std::strtoull(argv[i], nullptr, 0); };
   const std::string_view cmd = argv[1];
   const bool rc = argc >= 2 && std::string_view(argv[argc - 1]) == "rc";
-  const int args = argc - (rc ? 1 : 0);
+  const bool block = argc >= 2 && std::string_view(argv[argc - 1]) == "block";
+  const int args = argc - (rc || block ? 1 : 0);
   if (cmd == "udp-server" && args == 3)
-    return rc ? udp_server_rc(static_cast<uint16_t>(num(2))) : udp_server(static_cast<uint16_t>(num(2)));
+    return rc ? udp_server_rc(static_cast<uint16_t>(num(2)))
+              : udp_server(static_cast<uint16_t>(num(2)), block);
   if (cmd == "udp-client" && args == 5) {
     const size_t size = num(3);
     const long iters = static_cast<long>(num(4));
     if (size == 0 || size > kMaxDatagram || iters < 1) return usage();
     return rc ? udp_client_rc(static_cast<uint16_t>(num(2)), size, iters)
-              : udp_client(static_cast<uint16_t>(num(2)), size, iters);
+              : udp_client(static_cast<uint16_t>(num(2)), size, iters, block);
   }
   if (cmd == "memcpy" && (argc == 4 || argc == 5)) {
     const double seconds = std::strtod(argv[3], nullptr);

@@ -6,7 +6,8 @@
 
 Runs on this machine, every process on 127.0.0.1:
   softrdma   perftest (ib_{write,read,send}_{bw,lat}, ib_atomic_{bw,lat}) over build/lib/libibverbs.so.1 on
-             sr_lo (-x 1), sizes 8 B .. 8 MiB, 1/8/64 QPs for the _bw tests (1 QP for _lat, 8 B for atomics)
+             sr_lo (-x 1), sizes 8 B .. 8 MiB, 1/8/64 QPs for the _bw tests (1 QP for _lat, 8 B for atomics);
+             and 8-byte ib_send_lat -e (variants events and socket-events: waiting for completion events)
   qperf      tcp_bw, tcp_lat, udp_bw, udp_lat
   ucx        ucx_perftest ucp_put_bw, ucp_put_lat, ucp_get with UCX_TLS=tcp and posix (shared memory); for cma
              UCT's put_bw and get with zero copy (UCX 1.13's UCP never puts over cma: its RMA lanes need
@@ -21,7 +22,8 @@ Runs on this machine, every process on 127.0.0.1:
              buffers (written by the process first, as perftest fills its own) into a file, first time
              (kernel_copy_first) and second: what sendmmsg does with the socket path's payloads; and
              machine: a system call's cost (getppid) and the pauses of a thread that spins alone on each
-             CPU (printed beside the targets: every latency figure here includes them)
+             CPU (printed beside the targets: every latency figure here includes them); and at 8 B
+             udp_pingpong_block, the UDP ping-pong with blocking receives (ib_send_lat -e's floor)
 
 Every case runs --runs times (the cases interleaved, so that a change in the machine's load touches every
 tool alike; in each pass the cases that a target compares run one after the other, then the rest) and each
@@ -467,10 +469,12 @@ class Runner:
             opts += ["-s", str(case.size)]
         libdir = os.path.join(self.build, "lib")
         extra = {"LD_LIBRARY_PATH": libdir}
-        if case.variant == "socket":
+        if case.variant in ("socket", "socket-events"):
             extra.update(self.socket_env)
         elif case.variant == "shared-mr":
             extra.update(SHARED_MR_ENV)
+        if case.variant.endswith("events"):
+            opts += ["-e"]  # completion events: ibv_get_cq_event, not polling
         # Line-buffered, so that a run stopped by the timeout still shows how far it got.
         argv = (["stdbuf", "-oL", "-eL"] if shutil_which("stdbuf") else []) + [prog] + opts
         server, client = self.pair(case, run, argv, argv + ["127.0.0.1"], self.env(extra), port)
@@ -603,7 +607,7 @@ class Runner:
             return {"lat_us": float(vals["half_rtt_avg_us"]), "lat_typical_us": float(vals["half_rtt_median_us"]),
                     "ops": iters, "cpu_client_us": p.cpu_s * 1e6 / iters}
         port = self.ports.take()
-        rc = ["rc"] if case.test == "udp_pingpong_rc" else []
+        rc = {"udp_pingpong_rc": ["rc"], "udp_pingpong_block": ["block"]}.get(case.test, [])
         server, client = self.pair(case, run, [exe, "udp-server", str(port)] + rc,
                                    [exe, "udp-client", str(port), str(case.size), str(iters)] + rc, self.env())
         vals = keyvals(client.output())
@@ -751,6 +755,10 @@ def all_cases(socket_variant):
             cases.append(Case(c.tool, c.test, c.transport, c.size, c.kind, c.qps, c.rtt, variant="socket"))
     for c in [c for c in cases if c.variant == "default" and (c.test, c.size, c.qps) in SHARED_MR_CASES]:
         cases.append(Case(c.tool, c.test, c.transport, c.size, c.kind, c.qps, c.rtt, variant="shared-mr"))
+    # An application that waits for completion events (ibv_get_cq_event) instead of polling: not a target,
+    # shown beside a blocking UDP ping-pong (udp_pingpong_block), its floor.
+    for v in ("events", "socket-events") if socket_variant else ("events",):
+        cases.append(Case("softrdma", "ib_send_lat", "sr_lo", 8, "lat", rtt="half", variant=v))
     for size in SIZES:
         cases.append(Case("qperf", "tcp_bw", "tcp", size, "bw"))
         cases.append(Case("qperf", "tcp_lat", "tcp", size, "lat", rtt="half"))
@@ -781,6 +789,9 @@ def all_cases(socket_variant):
     # What the latency targets' RC ping-pong needs on the wire (a WRITE and an ACK per half round trip, one
     # GSO send) with no work around it: the bound those targets meet first.
     cases.append(Case("floor", "udp_pingpong_rc", "udp", 8, "lat", rtt="half"))
+    # What the event-driven case above meets first: a UDP ping-pong whose sides sleep in recv (a wake-up per
+    # half round trip).
+    cases.append(Case("floor", "udp_pingpong_block", "udp", 8, "lat", rtt="half"))
     # The same-host targets' own bounds: a one-sided WRITE ping-pong that is one pwrite on the peer's
     # /proc/<pid>/mem each way (softrdma's same-host WRITE of 8 B) and nothing else; and copying 1 MiB from
     # 64 pairs of buffers in turn (the working set of 64 QPs' buffers, beyond the caches) against one pair,
@@ -816,7 +827,7 @@ QUICK = {
     "qperf": {("tcp_bw", 64 * KIB), ("tcp_bw", MIB), ("tcp_lat", 8), ("udp_lat", 8), ("udp_bw", 4 * KIB)},
     "ucx": {("ucp_put_bw", 8), ("ucp_put_lat", 8), ("ucp_get", 8), ("put_bw", MIB), ("ucp_put_bw", MIB)},
     "libfabric": {("fi_pingpong", 64)},
-    "floor": {("udp_pingpong", 8), ("udp_pingpong_rc", 8), ("memcpy", MIB), ("mem_pingpong", 8),
+    "floor": {("udp_pingpong", 8), ("udp_pingpong_rc", 8), ("udp_pingpong_block", 8), ("memcpy", MIB), ("mem_pingpong", 8),
               ("kernel_copy_first", MIB), ("kernel_copy", MIB), ("machine", 0)},
 }
 QUICK_TRANSPORTS = {("ucx", "ucp_put_bw", MIB): "posix", ("ucx", "ucp_put_lat", 8): "tcp", ("ucx", "ucp_get", 8): "tcp",
@@ -1093,6 +1104,14 @@ def table(cases, meta, tgts):
         w(f"  (the same-host WRITE's own floor, mem_pingpong: {fmt(med(mem, 'lat_us'))} us = "
           f"{med(mem, 'lat_us') / med(shm, 'lat_us'):.2f}x fi_pingpong shm 64 B: a pwrite on the peer's "
           "/proc/<pid>/mem each way and nothing else)")
+    block = find(cases, "floor", "udp_pingpong_block", "udp", 8)
+    ev = [(v, find(cases, "softrdma", "ib_send_lat", "sr_lo", 8, 1, v)) for v in ("socket-events", "events")]
+    ev = [(v, c) for v, c in ev if med(c, "lat_us")]
+    if med(block, "lat_us") and ev:
+        figs = ", ".join(f"{'over sockets' if v.startswith('socket') else 'same-host'} {fmt(med(c, 'lat_us'))} us "
+                         f"= {med(c, 'lat_us') / med(block, 'lat_us'):.2f}x" for v, c in ev)
+        w(f"  (waiting for completion events, not a target: 8-byte ib_send_lat -e {figs} the blocking UDP "
+          f"ping-pong, udp_pingpong_block: {fmt(med(block, 'lat_us'))} us, a wake-up per half round trip)")
     one, many = (find(cases, "floor", "memcpy", "memory", MIB, q) for q in (1, 64))
     if med(one, "bw") and med(many, "bw"):
         w(f"  (memcpy of 1 MiB from 64 pairs of buffers in turn, as 64 QPs' buffers: {fmt(med(many, 'bw') * 1e-9)} "

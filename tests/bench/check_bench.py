@@ -81,7 +81,8 @@ if "not counted" not in doc["meta"].get("syscalls", "not counted"):
             check(abs(r["syscalls_client"] - want) <= 1e-9 * want, f"{c['id']}: syscalls_client is not less the setup's")
 
 # The floors that bound the targets are printed beside them when they ran.
-for test, line in (("udp_pingpong_rc", "the RC pair's own floor"), ("mem_pingpong", "the same-host WRITE's own floor")):
+for test, line in (("udp_pingpong_rc", "the RC pair's own floor"), ("mem_pingpong", "the same-host WRITE's own floor"),
+                   ("udp_pingpong_block", "the blocking UDP ping-pong, udp_pingpong_block")):
     floor = [c for c in cases if c["tool"] == "floor" and c["test"] == test]
     if floor and floor[0]["summary"].get("lat_us", {}).get("median"):
         check(line in table, f"table.txt lacks '{line}'")

@@ -8,6 +8,7 @@
 #include <bit>
 #include <cerrno>
 #include <thread>
+#include <utility>
 
 #include "core/context.h"
 
@@ -110,10 +111,18 @@ CompChannel::~CompChannel() {
   if (fd_ >= 0) close(fd_);
 }
 
+namespace {
+constinit thread_local CompChannel* tls_waiting_on = nullptr;  // get_event's wait, on this thread
+}  // namespace
+
 void CompChannel::notify(Cq* cq) {
   {
     std::lock_guard g(mu_);
     fired_.push_back(cq);
+    if (tls_waiting_on == this) {
+      ++unwritten_;
+      return;
+    }
   }
   uint64_t one = 1;
   [[maybe_unused]] ssize_t n = write(fd_, &one, sizeof one);
@@ -123,7 +132,25 @@ std::expected<Cq*, int> CompChannel::get_event(Context* ctx) {
   if (ctx != nullptr && !has_event()) {
     const int flags = fcntl(fd_, F_GETFL);
     if (flags >= 0 && (flags & O_NONBLOCK) == 0) {
-      if (const int err = ctx->wait_for_event(*this)) return std::unexpected(err);
+      tls_waiting_on = this;
+      const int err = ctx->wait_for_event(*this);
+      tls_waiting_on = nullptr;
+      Cq* mine = nullptr;
+      uint64_t rest;
+      {
+        std::lock_guard g(mu_);
+        if (err == 0 && unwritten_ != 0) {
+          --unwritten_;
+          mine = fired_.front();
+          fired_.pop_front();
+        }
+        rest = std::exchange(unwritten_, 0);
+      }
+      if (rest != 0) {
+        [[maybe_unused]] ssize_t n = write(fd_, &rest, sizeof rest);
+      }
+      if (err != 0) return std::unexpected(err);
+      if (mine != nullptr) return mine;
     }
   }
   uint64_t v;

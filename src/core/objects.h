@@ -136,6 +136,9 @@ class CompChannel {
   int fd_ = -1;
   std::mutex mu_;
   std::deque<Cq*> fired_;
+  // Events that fired on the thread that waits for them in get_event, not yet counted on the fd: that
+  // thread takes one without the write and the read of the fd, and counts the rest there before it returns.
+  uint64_t unwritten_ = 0;
 };
 
 class Cq {

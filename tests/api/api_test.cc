@@ -135,14 +135,16 @@ struct Loop {
   std::unique_ptr<Context> ctx = open_lo();
   std::unique_ptr<ProtectionDomain> pd = *ctx->alloc_pd();
   std::unique_ptr<CompletionChannel> ch = *ctx->create_comp_channel();
-  std::unique_ptr<CompletionQueue> cq_a = *ctx->create_cq(64);
+  std::unique_ptr<CompletionQueue> cq_a;
   std::unique_ptr<CompletionQueue> cq_b = *ctx->create_cq(4, ch.get());
   std::unique_ptr<QueuePair> a, b;
   std::vector<uint8_t> buf = std::vector<uint8_t>(1 << 16);
   std::unique_ptr<MemoryRegion> mr =
       *pd->reg_mr(buf.data(), buf.size(), kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic);
 
-  explicit Loop(bool connect = true) {
+  // `a_events`: a's CQ is on the channel too.
+  explicit Loop(bool connect = true, bool a_events = false)
+      : cq_a(*ctx->create_cq(64, a_events ? ch.get() : nullptr)) {
     QpInit init;
     init.send_cq = init.recv_cq = cq_a.get();
     a = *pd->create_qp(init);
@@ -258,6 +260,37 @@ TEST(Api, BlockingGetEventReceivesOnTheWaitingThread) {
   EXPECT_GT(l.ctx->counters().get(Counter::event_wait_sleeps), sleeps)
       << "get_event did not wait on the sockets";
   EXPECT_EQ(l.wait(*l.cq_a).status, WcStatus::kSuccess);
+}
+
+// Events that fire while a thread waits in get_event, taken by that thread without the fd's count: the
+// one it returns is gone, the others are on the fd for the next call (which must not block), and none is
+// left behind. Each round: a SEND's receive and its send completion (the ACK), on one channel. From the
+// second round on the progress thread sleeps beside the waiting thread (the lease), which then receives.
+TEST(Api, EventsThatFireDuringAWaitAreEachTakenOnce) {
+  Loop l(true, /*a_events=*/true);
+  Sge rs = l.mr->sge(1000, 100), s;
+  for (int round = 0; round < 20; ++round) {
+    SCOPED_TRACE(round);
+    ASSERT_TRUE(l.cq_a->req_notify());
+    ASSERT_TRUE(l.cq_b->req_notify());
+    ASSERT_TRUE(l.b->post_recv(RecvWr{4, std::span(&rs, 1)}));
+    std::thread sender([&] {
+      std::this_thread::sleep_for(std::chrono::microseconds(300));
+      EXPECT_TRUE(l.a->post_send(l.send(0, 8, &s)));
+    });
+    std::vector<CompletionQueue*> got;
+    for (int i = 0; i < 2; ++i) {
+      auto cq = l.ch->get_event();
+      ASSERT_TRUE(cq);
+      got.push_back(*cq);
+    }
+    sender.join();
+    EXPECT_NE(got[0], got[1]);
+    pollfd p{l.ch->fd(), POLLIN, 0};
+    ASSERT_EQ(poll(&p, 1, 0), 0) << "an event counted on the fd twice";
+    EXPECT_EQ(l.wait(*l.cq_b).wr_id, 4u);
+    EXPECT_EQ(l.wait(*l.cq_a).status, WcStatus::kSuccess);
+  }
 }
 
 // The timers still run while a thread waits for events and the progress thread sleeps beside it without

@@ -126,10 +126,10 @@ class Context {
   int wait_for_event(CompChannel& ch);
   static constexpr int kMaxEventWaitFds = 8;  // sockets; a context with more leaves it to the progress thread
   static constexpr long kEventWaitBesideDriverNs = 50'000;
-  // When an application thread last began or ended such a wait: until kEventWaitLeaseNs after it, the
-  // progress thread sleeps without watching the sockets (the application receives; each packet woke both
-  // threads) and req_notify does not wake it. Past that, a thread that waits on the channel's fd by its own
-  // poll() gets its events from the progress thread again: the lease bounds how late they may come then.
+  // The lease: until kEventWaitLeaseNs after such a wait first slept on the sockets, and after it ended,
+  // the progress thread sleeps without watching the sockets (the application receives; each packet woke
+  // both threads) and req_notify does not wake it. Past that, a thread that waits on the channel's fd by
+  // its own poll() gets its events from the progress thread again: the lease bounds how late they come.
   Nanos event_wait_lease_end() const {
     const Nanos at = event_wait_at_.load(std::memory_order_relaxed);
     return at == 0 ? 0 : at + kEventWaitLeaseNs;
@@ -239,7 +239,7 @@ class Context {
   std::atomic<Nanos> watch_asked_at_{0};
   std::atomic<uint32_t> rc_sending_{0};
   std::atomic<uint32_t> next_pd_id_{0};
-  std::atomic<Nanos> event_wait_at_{0};  // wait_for_event's last entry or exit
+  std::atomic<Nanos> event_wait_at_{0};  // wait_for_event: its first sleep on the sockets, or its end
   std::atomic<Nanos> app_drive_ns_{0};  // when an application thread was last seen busy-polling
   std::atomic<int> app_cpu_{-1};        // app_cpu
   static constexpr uint32_t kBusyPollRun = 64;

@@ -528,39 +528,39 @@ int Context::wait_for_event(CompChannel& ch) {
       if (slept) c->event_wait_at_.store(c->now(), std::memory_order_relaxed);
     }
   } leave{this};
+  fds[0] = pollfd{ch.fd(), POLLIN, 0};
   for (;;) {
     bool other = false;  // another thread drives: it reads the sockets (hand_over)
     while (drive(ts.tx, now(), true) < 0 && !(other = hand_over())) {
     }
     if (ch.has_event()) return 0;
+    int n = 0;  // sockets polled beside the channel
+    timespec t{};
+    const timespec* bound = &t;
     if (other) {
       // Sleeping on the sockets, which it has yet to read, would be a spin beside it (on its CPU, until the
       // scheduler's tick): wait for the channel alone, briefly, then look again.
-      fds[0] = pollfd{ch.fd(), POLLIN, 0};
-      const timespec t{0, kEventWaitBesideDriverNs};
-      const int r = ppoll(fds, 1, &t, nullptr);
-      if (r > 0) return 0;
-      if (r < 0 && errno == EINTR && !handlers_restart()) return EINTR;
-      continue;
+      t.tv_nsec = kEventWaitBesideDriverNs;
+    } else {
+      n = backend_->app_wait_fds(fds + 1, kMaxEventWaitFds);
+      if (n < 0) continue;  // something came meanwhile
+      if (n == 0) return 0;
+      // Until the next timer (this thread runs the timers, as any driver).
+      const Nanos deadline = next_timer();
+      if (deadline == kNoTimer) {
+        bound = nullptr;
+      } else {
+        const Nanos at = now();
+        const Nanos ns = deadline > at ? deadline - at : 0;
+        t = timespec{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+      }
+      counters_->add(Counter::event_wait_sleeps);
+      if (!leave.slept) {
+        leave.slept = true;
+        event_wait_at_.store(now(), std::memory_order_relaxed);
+      }
     }
-    const int n = backend_->app_wait_fds(fds + 1, kMaxEventWaitFds);
-    if (n < 0) continue;  // something came meanwhile
-    if (n == 0) return 0;
-    fds[0] = pollfd{ch.fd(), POLLIN, 0};
-    // Until the next timer (this thread runs the timers, as any driver).
-    const Nanos deadline = next_timer();
-    timespec t{};
-    if (deadline != kNoTimer) {
-      const Nanos at = now();
-      const Nanos ns = deadline > at ? deadline - at : 0;
-      t = timespec{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
-    }
-    counters_->add(Counter::event_wait_sleeps);
-    if (!leave.slept) {
-      leave.slept = true;
-      event_wait_at_.store(now(), std::memory_order_relaxed);
-    }
-    const int r = ppoll(fds, static_cast<nfds_t>(n + 1), deadline == kNoTimer ? nullptr : &t, nullptr);
+    const int r = ppoll(fds, static_cast<nfds_t>(n + 1), bound, nullptr);
     if (r > 0 && (fds[0].revents & POLLIN) != 0) return 0;
     if (r > 0) backend_->sockets_readable();
     if (r < 0 && errno == EINTR && !handlers_restart()) return EINTR;

@@ -60,7 +60,6 @@
 #include <cstring>
 #include <string_view>
 #include <thread>
-#include <utility>
 #include <vector>
 
 namespace {
@@ -273,12 +272,13 @@ int udp_client(uint16_t port, size_t size, long iters, bool block) {
   const auto ping = [&] {
     return send(fd, buf.data(), size, 0) == static_cast<ssize_t>(size) || errno == ECONNREFUSED;
   };
-  if (block) set_blocking(fd, std::chrono::milliseconds(100));  // the first pings' wait; then kReplyTimeout
-  bool timeout_set = false;
+  std::chrono::milliseconds bound{-1};  // the blocking receive's SO_RCVTIMEO (none set yet)
   const auto pong = [&](Clock::duration timeout, bool refused_ok) {
     if (!block) return recv_spin(fd, buf.data(), buf.size(), timeout, refused_ok);
-    if (timeout == kReplyTimeout && !std::exchange(timeout_set, true))
-      set_blocking(fd, std::chrono::duration_cast<std::chrono::milliseconds>(kReplyTimeout));
+    if (const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(timeout); ms != bound) {
+      set_blocking(fd, ms);
+      bound = ms;
+    }
     if (recv(fd, buf.data(), buf.size(), 0) >= 0) return true;
     if (errno == ECONNREFUSED && refused_ok) return false;
     if (errno != EAGAIN && errno != EINTR) die("recv");

@@ -936,9 +936,11 @@ def targets(cases):
 
 
 # The floors printed beside the targets (table), each with what it is set against: (that case, the floor),
-# as find()'s arguments.
+# as find()'s arguments. The event-driven cases (not targets) are set against theirs.
 BESIDE_TARGETS = ((("floor", "udp_pingpong", "udp", 8), ("floor", "udp_pingpong_rc", "udp", 8)),
-                  (("libfabric", "fi_pingpong", "shm", 64), ("floor", "mem_pingpong", "procmem", 8)))
+                  (("libfabric", "fi_pingpong", "shm", 64), ("floor", "mem_pingpong", "procmem", 8)),
+                  (("softrdma", "ib_send_lat", "sr_lo", 8, 1, "socket-events"), ("floor", "udp_pingpong_block", "udp", 8)),
+                  (("softrdma", "ib_send_lat", "sr_lo", 8, 1, "events"), ("floor", "udp_pingpong_block", "udp", 8)))
 
 
 def beside_targets(cases):
@@ -1096,7 +1098,7 @@ def table(cases, meta, tgts):
           f"second, {fmt(med(mach, 'pause_median_us'))} us at the median (longest {fmt(med(mach, 'pause_max_us'))}), "
           f"the long ones every {fmt(med(mach, 'pause_period_ms'))} ms: {fmt(med(mach, 'pause_lost_pct'))}% of its "
           "time, which every latency mean here includes, the floors' too)")
-    (plain, rc), (shm, mem) = beside_targets(cases)
+    (plain, rc), (shm, mem), (sock_ev, block), (host_ev, _) = beside_targets(cases)
     if med(plain, "lat_us") and med(rc, "lat_us"):
         w(f"  (the RC pair's own floor, udp_pingpong_rc: {fmt(med(rc, 'lat_us'))} us = "
           f"{med(rc, 'lat_us') / med(plain, 'lat_us'):.2f}x the UDP floor, before any work of softrdma's)")
@@ -1104,12 +1106,10 @@ def table(cases, meta, tgts):
         w(f"  (the same-host WRITE's own floor, mem_pingpong: {fmt(med(mem, 'lat_us'))} us = "
           f"{med(mem, 'lat_us') / med(shm, 'lat_us'):.2f}x fi_pingpong shm 64 B: a pwrite on the peer's "
           "/proc/<pid>/mem each way and nothing else)")
-    block = find(cases, "floor", "udp_pingpong_block", "udp", 8)
-    ev = [(v, find(cases, "softrdma", "ib_send_lat", "sr_lo", 8, 1, v)) for v in ("socket-events", "events")]
-    ev = [(v, c) for v, c in ev if med(c, "lat_us")]
+    ev = [(where, c) for where, c in (("over sockets", sock_ev), ("same-host", host_ev)) if med(c, "lat_us")]
     if med(block, "lat_us") and ev:
-        figs = ", ".join(f"{'over sockets' if v.startswith('socket') else 'same-host'} {fmt(med(c, 'lat_us'))} us "
-                         f"= {med(c, 'lat_us') / med(block, 'lat_us'):.2f}x" for v, c in ev)
+        figs = ", ".join(f"{where} {fmt(med(c, 'lat_us'))} us = {med(c, 'lat_us') / med(block, 'lat_us'):.2f}x"
+                         for where, c in ev)
         w(f"  (waiting for completion events, not a target: 8-byte ib_send_lat -e {figs} the blocking UDP "
           f"ping-pong, udp_pingpong_block: {fmt(med(block, 'lat_us'))} us, a wake-up per half round trip)")
     one, many = (find(cases, "floor", "memcpy", "memory", MIB, q) for q in (1, 64))

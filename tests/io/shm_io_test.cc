@@ -776,6 +776,47 @@ TEST(ShmIo, SenderThatLeavesGivesItsRingBack) {
   EXPECT_EQ(b->counters.get(Counter::rx_shm_packets), shm::kMaxRings + 8);
 }
 
+// A corrupted ring packet is dropped as the ICRC check would drop it, and the bit flipped is its own: a
+// packet that fills its slot's inline room (96 bytes), corrupted, leaves the next slot's sequence word as
+// it was. Two laps of such packets, every one corrupted, all received and dropped; the ring never full.
+TEST(ShmIo, CorruptedRingPacketsTouchOnlyThemselves) {
+  TempDir dir;
+  auto b = make_side_with(dir.path, "SOFTRDMA_FAULTS", "corrupt=1,seed=3");
+  auto a = make_side(dir.path);
+  ASSERT_TRUE(a && b);
+  std::vector<uint8_t> payload(shm::kInlineData - wire::kBthLen, 7);  // BTH + payload = the inline room
+  std::vector<TxPacket> pkts(16);
+  uint32_t psn = 0;
+  for (int round = 0; round < 8; ++round) {  // 128 packets: two laps of the 64-slot ring
+    for (TxPacket& p : pkts) make_packet(p, *a, b->ep(), psn++, payload);
+    a->io->tx_burst(pkts);
+    EXPECT_TRUE(receive(*b, 1, 50).empty());
+    ASSERT_EQ(b->counters.get(Counter::drop_bad_icrc), psn) << "round " << round;
+  }
+  EXPECT_EQ(a->counters.get(Counter::drop_shm_ring_full), 0u);
+  EXPECT_EQ(b->counters.get(Counter::fault_corrupt), psn);
+}
+
+// A sequence word that no producer or consumer wrote (another process shares the ring's memory) makes the
+// ring look full to a producer, which returns instead of spinning.
+TEST(ShmRing, ABrokenSequenceWordIsFullNotASpin) {
+  std::vector<uint8_t> mem;
+  shm::Ring ring = ring_in(mem, 8);
+  uint64_t pos;
+  shm::Slot* s = ring.claim(&pos);
+  ASSERT_NE(s, nullptr);
+  shm::Ring::publish(s, pos);
+  ASSERT_EQ(ring.peek(0), s);
+  ring.release(0);
+  // Slot 1, not claimed yet, gets a sequence word ahead of its position.
+  auto* slot1 = reinterpret_cast<shm::Slot*>(ring.mem() + sizeof(shm::RingHeader)) + 1;
+  slot1->seq.store(1 + (1u << 20));
+  EXPECT_EQ(ring.claim(&pos), nullptr);
+  slot1->seq.store(1);
+  EXPECT_NE(ring.claim(&pos), nullptr);
+  EXPECT_EQ(pos, 1u);
+}
+
 TEST(ShmIo, FaultInjectionAppliesToRingPackets) {
   TempDir dir;
   auto b = make_side_with(dir.path, "SOFTRDMA_FAULTS", "drop=0.5,seed=7");

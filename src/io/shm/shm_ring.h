@@ -158,7 +158,7 @@ class Ring {
     }
   }
 
-  // Producer: a slot to fill and its position, or null when the ring is full.
+  // Producer: a slot to fill and its position, or null when the ring is full (or broken: below).
   Slot* claim(uint64_t* pos) {
     uint64_t p = hdr_->tail.load(std::memory_order_relaxed);
     for (;;) {
@@ -173,7 +173,13 @@ class Ring {
       } else if (dif < 0) {
         return nullptr;  // the consumer has not freed this slot of the previous lap
       } else {
-        p = hdr_->tail.load(std::memory_order_relaxed);
+        // Another producer took p: the tail has moved past it (its claim came before the store of seq that
+        // this load acquired). A tail still at p means a sequence word no producer or consumer wrote, in
+        // memory that another process shares: the ring is treated as full (its packets drop, counted)
+        // rather than spun on for ever.
+        const uint64_t t = hdr_->tail.load(std::memory_order_relaxed);
+        if (t == p) return nullptr;
+        p = t;
       }
     }
   }

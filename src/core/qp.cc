@@ -73,16 +73,19 @@ int Qp::modify(const QpAttr& attr, uint32_t mask) {
   if (err == 0 && before == QpState::kSqd && attr_.qp_state == QpState::kRts) run_requester(*this);
   share_window(type() == QpType::kRc && attr_.qp_state != QpState::kReset &&
                (sharing_window_ || attr_.qp_state == QpState::kRts));
-  if (err == 0 && type() == QpType::kRc) {
+  if (err == 0 && (type() == QpType::kRc || type() == QpType::kUc)) {
     // What a same-host peer checks before it reads or writes this process's memory itself (io/shm). With
     // no responder resources for READ and atomics (max_dest_rd_atomic 0), its responder refuses them, as
-    // rxe's does: so must the peer.
+    // rxe's does: so must the peer. UC takes WRITEs only.
     const QpState s = attr_.qp_state;
-    const uint32_t access = attr_.max_dest_rd_atomic == 0
+    const bool uc = type() == QpType::kUc;
+    const uint32_t access = uc ? attr_.qp_access_flags & kRemoteWrite
+                            : attr_.max_dest_rd_atomic == 0
                                 ? attr_.qp_access_flags & ~(kRemoteRead | kRemoteAtomic)
                                 : attr_.qp_access_flags;
-    ctx_->backend()->publish_qp({qpn_, access, pd_->id, attr_.dest_qp_num,
-                                 s == QpState::kRtr || s == QpState::kRts || s == QpState::kSqd});
+    psn_seen_ =
+        ctx_->backend()->publish_qp({qpn_, access, pd_->id, attr_.dest_qp_num,
+                                     s == QpState::kRtr || s == QpState::kRts || s == QpState::kSqd, uc});
   }
   return err;
 }

@@ -102,6 +102,7 @@ struct ReqState {
   // that awaited its ACK (up to 255), and whether one went through the ring yet.
   uint8_t lone_since_request = 255;
   bool ring_tried = false;
+  bool uc_sent = false;  // UC: a packet went out since the reset (io::DirectOp::uc)
 };
 
 // Completer (src/transport/completer.cc): what is acknowledged, and the timers.
@@ -250,6 +251,9 @@ class Qp {
   // stream takes the path too, until an op cannot (ib_write_bw same host, 1 MiB 53 GB/s against 12-30
   // through the rings, 64 KiB 69-87 against 11-22, 8 B 2.3-6.1 M/s against 3.5-4.9).
   uint32_t send_cq_polls_ = ~0u;
+  // A UC QP's published PSN after the last packet its responder took (io::Backend::publish_qp), which a
+  // same-host peer reads before its WRITEs go one-sided (Transport::responder stores it); null: none.
+  std::atomic<uint32_t>* psn_seen_ = nullptr;
   bool may_direct_ = false;
   bool shared_direct_ = false;
   bool corked_ = false;  // WRs wait in the send queue (post_send; on the poster's list if it had room)

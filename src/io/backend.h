@@ -5,6 +5,7 @@
 
 #include <poll.h>
 
+#include <atomic>
 #include <cstdint>
 #include <expected>
 
@@ -22,6 +23,7 @@ struct MrInfo {
 struct QpInfo {
   uint32_t qpn, access, pd, dest_qpn;
   bool open;
+  bool uc = false;  // a UC QP (else RC): a requester's op must be of the same type
 };
 
 // One contiguous piece of local memory (a gather or scatter list entry).
@@ -46,6 +48,12 @@ struct DirectOp {
   bool atomic = false;
   bool cas = false;  // compare and swap (else fetch and add)
   uint64_t compare_add = 0, swap = 0;
+  // A UC WRITE. No ACK tells its requester that the peer's responder has executed the packets the QP sent
+  // before; that responder publishes the PSN after the last packet it took (publish_qp), and the op goes
+  // one-sided only where that is `uc_psn` (the requester's next PSN), or where the QP has sent no packet.
+  bool uc = false;
+  bool uc_sent = false;
+  uint32_t uc_psn = 0;
 };
 
 class Backend : public TxSink {
@@ -108,7 +116,9 @@ class Backend : public TxSink {
   virtual void withdraw_mr(uint32_t /*key*/) {}
   // After a withdrawn MR is gone from this process's responders too: gives back what publish_mr took.
   virtual void forget_mr(uint32_t /*key*/) {}
-  virtual void publish_qp(const QpInfo& /*qp*/) {}
+  // For an open UC QP, also where its responder stores the PSN after each packet it took (release), which
+  // peers read before a one-sided WRITE (DirectOp::uc); null when there is none (RC, closed, no room).
+  virtual std::atomic<uint32_t>* publish_qp(const QpInfo& /*qp*/) { return nullptr; }
   virtual int direct(const wire::Endpoint& /*dst*/, const DirectOp& /*op*/) { return -1; }
 };
 

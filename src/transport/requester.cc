@@ -50,8 +50,9 @@ void attach_payload(io::TxPacket& p, const SendWqe& w, uint32_t offset, uint32_t
 
 // The one-sided way of a WRITE, READ or ATOMIC (Backend::direct's result; -1: the ordinary way; -2: not an
 // op that could take it). `shared_only`: in a stream, only a memcpy through pages the peer shares (qp.h,
-// shared_direct_); an ATOMIC goes one-sided only through them, with the CPU's atomics.
-int try_direct(Qp& qp, const SendWqe& w, bool shared_only) {
+// shared_direct_); an ATOMIC goes one-sided only through them, with the CPU's atomics. `uc_sent`, `psn`: a UC
+// QP's ReqState::uc_sent and next PSN.
+int try_direct(Qp& qp, const SendWqe& w, bool shared_only, bool uc_sent, uint32_t psn) {
   const bool atomic = is_atomic(w.opcode);
   if ((w.opcode != WrOpcode::kRdmaWrite && w.opcode != WrOpcode::kRdmaRead && !atomic) || w.length == 0 ||
       w.num_seg == 0)
@@ -70,7 +71,10 @@ int try_direct(Qp& qp, const SendWqe& w, bool shared_only) {
                         atomic,
                         w.opcode == WrOpcode::kAtomicCmpAndSwp,
                         w.compare_add,
-                        w.swap};
+                        w.swap,
+                        qp.type() == QpType::kUc,
+                        uc_sent,
+                        psn};
   return qp.ctx()->backend()->direct(qp.peer(), op);
 }
 
@@ -170,18 +174,23 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
       if (rd_atomic && qp.req_.rd_atomic >= std::max<uint32_t>(1, qp.attr_.max_rd_atomic)) break;
       // A fenced WQE waits for every READ/ATOMIC before it to complete.
       if (qp.req_.offset == 0 && (w.send_flags & kSendFence) && qp.req_.rd_atomic > 0) break;
+    }
+    if (rc || (qp.type() == QpType::kUc && w.opcode == WrOpcode::kRdmaWrite)) {
       // The same-host one-sided path: with nothing else outstanding (so nothing is reordered), a WRITE, a
       // READ (or, through shared pages, an ATOMIC) is done here, in the peer's memory, after the checks its
       // responder would make (io/shm/access_table.h). It uses no PSN and completes in order at once.
-      // Anything else goes on below.
+      // Anything else goes on below. A UC WRITE too, once the peer's responder has taken every packet the
+      // QP sent before (io::DirectOp::uc): with no ACK to wait for, its application spins on its memory
+      // while the peer's progress thread, asleep, would have to wake for the packet (same-host 8-byte
+      // ib_write_lat -c UC: README, "The same-host path").
       int how = -1;
       const uint32_t stream_min = qp.ctx()->config().direct_stream_min;
       const bool streamed = stream_min != 0 && w.length >= stream_min;
-      const bool ring = qp.may_direct_ && !streamed && w.length <= pmtu && lone_write_by_ring(qp, w);
+      const bool ring = rc && qp.may_direct_ && !streamed && w.length <= pmtu && lone_write_by_ring(qp, w);
       const bool any_way = (qp.may_direct_ && !ring) || streamed;
       if ((any_way || qp.shared_direct_ || ring) && !w.started && !sqd && qp.req_.offset == 0 &&
           qp.comp_.wqe == qp.req_.wqe && qp.req_.psn == qp.comp_.psn &&
-          (how = try_direct(qp, w, !any_way)) != -2)
+          (how = try_direct(qp, w, !any_way, qp.req_.uc_sent, qp.req_.psn)) != -2)
         qp.shared_direct_ = how == 1;
       if (ring && how < 0) {
         awaits_ack = true;
@@ -273,6 +282,7 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
                                                                       : wire::Transport::kUd;
     io::TxPacket& p = new_packet(qp, tx, dst, opcode(transport_type, static_cast<Op>(op_low)), se, dqpn,
                                  ack_req, qp.req_.psn, len);
+    if (transport_type == wire::Transport::kUc) qp.req_.uc_sent = true;
     if (awaits_ack) p.flags = io::kAwaitsAck;
     PacketView v(p.hdr, p.hdr_len);
     const OpcodeInfo& oi = v.info();

@@ -511,6 +511,9 @@ void Transport::responder(Qp& qp, PacketView pkt, const io::RxPacket& rx, io::Tx
     return ud_receive(qp, pkt, rx, counters, wqe);
   }
   Responder{qp, qp.resp_, pkt, rx, tx, counters}.run();
+  // UC: tells a same-host requester that this packet, and every one before it, is done with (its data
+  // placed), so that its next WRITE may go one-sided without overtaking them (io::DirectOp::uc).
+  if (qp.psn_seen_) qp.psn_seen_->store(psn_add(pkt.psn(), 1), std::memory_order_release);
 }
 
 }  // namespace softrdma::core

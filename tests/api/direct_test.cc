@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "softrdma/connect.h"
@@ -47,7 +48,8 @@ struct Pair {
   std::unique_ptr<MemoryRegion> smr, dmr;
 
   explicit Pair(uint32_t b_access = kLocalWrite | kRemoteWrite | kRemoteRead,
-                uint32_t dmr_access = kLocalWrite | kRemoteWrite | kRemoteRead, uint8_t b_rd_atomic = 16) {
+                uint32_t dmr_access = kLocalWrite | kRemoteWrite | kRemoteRead, uint8_t b_rd_atomic = 16,
+                QpType type = QpType::kRc) {
     ctx = std::move(*Context::open("sr_lo"));
     pd = *ctx->alloc_pd();
     pd2 = *ctx->alloc_pd();
@@ -55,6 +57,7 @@ struct Pair {
     smr = *pd->reg_mr(src.data(), src.size(), kLocalWrite);
     dmr = *pd->reg_mr(dst.data(), dst.size(), dmr_access);
     QpInit init;
+    init.type = type;
     init.send_cq = init.recv_cq = cq.get();
     a = *pd->create_qp(init);
     b = *pd->create_qp(init);
@@ -71,6 +74,7 @@ struct Pair {
   // The offset of dst's first whole page (the pages that SOFTRDMA_SHARE_MR=1 moves begin there).
   uint64_t first_page() const { return first_page_of(dst.data()); }
   uint64_t tx_packets() { return ctx->counters().get(Counter::tx_packets); }
+  uint64_t drop_uc_msg() { return ctx->counters().get(Counter::drop_uc_msg); }
   uint64_t ring_lone_writes() { return ctx->counters().get(Counter::ring_lone_writes); }
   // A QP's first small WRITE posted alone goes through the ring, to see whether the peer answers (a
   // ping-pong, Transport::lone_write_by_ring); through pages the peer shares it is a memcpy either way.
@@ -335,6 +339,76 @@ TEST_P(DirectP, EveryResponderCheckStillHolds) {
       EXPECT_EQ(p.dst[off], 0) << "the destination was written";
     }
   }
+}
+
+// UC: no ACK tells the requester that the peer has taken the packets the QP sent before a WRITE, so the
+// peer's responder publishes the PSN after the last packet it took, and the WRITE goes one-sided only where
+// that is the QP's next PSN (or where the QP has sent nothing): never ahead of a packet still on its way.
+// A check that fails sends the WRITE the ordinary way, whose UC responder drops it silently: the
+// requester's completion says success, and the destination is untouched.
+TEST_P(DirectP, UcWritesGoOneSidedOnlyBehindWhatThePeerTook) {
+  if (!direct_path_on()) GTEST_SKIP() << "the same-host path is turned off in this environment";
+  const bool share = GetParam();
+  auto env = share_mr(share);
+  const uint32_t all = kLocalWrite | kRemoteWrite | kRemoteRead;
+  Pair p(all, all, 16, QpType::kUc);
+  for (size_t i = 0; i < p.src.size(); ++i) p.src[i] = static_cast<uint8_t>(i * 11 + 3);
+  const uint64_t page0 = p.first_page();
+  // Nothing sent yet: a lone WRITE goes one-sided at once (no probe through the ring, as RC's ping-pong
+  // needs: a UC peer waits for no ACK).
+  uint64_t ops = p.direct_ops(), packets = p.tx_packets();
+  Sge s8 = p.smr->sge(0, 8);
+  ASSERT_TRUE(p.a->post_send(p.op(WrOpcode::kRdmaWrite, s8, page0, p.dmr->rkey())));
+  EXPECT_EQ(p.wait().status, WcStatus::kSuccess);
+  EXPECT_EQ(p.direct_ops(), ++ops);
+  EXPECT_EQ(p.tx_packets(), packets);
+  EXPECT_EQ(std::memcmp(p.dst.data() + page0, p.src.data(), 8), 0);
+
+  // A SEND and a 64 KiB WRITE in one post (a stream; the WRITE's size makes it a candidate): the SEND's
+  // packet is not even handed to the ring when the WRITE's turn comes, so the WRITE follows it as packets.
+  std::vector<uint8_t> rbuf(64);
+  auto rmr = *p.pd->reg_mr(rbuf.data(), rbuf.size(), kLocalWrite);
+  const Sge rs = rmr->sge(0, 64);
+  RecvWr rwr;
+  rwr.wr_id = 77;
+  rwr.sg_list = std::span(&rs, 1);
+  ASSERT_TRUE(p.b->post_recv(rwr));
+  const uint32_t big = 64 << 10;
+  const Sge s64 = p.smr->sge(0, 64), sbig = p.smr->sge(64, big);
+  SendWr wrs[2] = {p.op(WrOpcode::kSend, s64, 0, 0),
+                   p.op(WrOpcode::kRdmaWrite, sbig, page0 + 64, p.dmr->rkey())};
+  packets = p.tx_packets();
+  ASSERT_TRUE(p.a->post_send(std::span<const SendWr>(wrs, 2)));
+  bool got_recv = false;
+  for (int n = 0; n < 3; ++n) {
+    const Wc wc = p.wait();
+    EXPECT_EQ(wc.status, WcStatus::kSuccess);
+    if (wc.wr_id == 77) got_recv = true;
+  }
+  EXPECT_TRUE(got_recv);
+  EXPECT_EQ(p.direct_ops(), ops) << "a UC WRITE went one-sided ahead of a packet of its QP";
+  EXPECT_EQ(p.tx_packets() - packets, 1u + big / 4096);
+  EXPECT_EQ(std::memcmp(rbuf.data(), p.src.data(), 64), 0);
+  // Its packets were all taken (the receive completed, and the WRITE's bytes come in order): the next
+  // lone WRITE goes one-sided.
+  for (int i = 0; i < 1'000'000 && std::memcmp(p.dst.data() + page0 + 64, p.src.data() + 64, big) != 0; ++i)
+    std::this_thread::yield();
+  EXPECT_EQ(std::memcmp(p.dst.data() + page0 + 64, p.src.data() + 64, big), 0);
+  packets = p.tx_packets();
+  ASSERT_TRUE(p.a->post_send(p.op(WrOpcode::kRdmaWrite, s8, page0 + 8, p.dmr->rkey())));
+  EXPECT_EQ(p.wait().status, WcStatus::kSuccess);
+  EXPECT_EQ(p.direct_ops(), ++ops);
+  EXPECT_EQ(p.tx_packets(), packets);
+  EXPECT_EQ(std::memcmp(p.dst.data() + page0 + 8, p.src.data(), 8), 0);
+
+  // A wrong rkey: the ordinary way, dropped by the responder, a successful completion all the same.
+  const uint64_t drops = p.drop_uc_msg();
+  ASSERT_TRUE(p.a->post_send(p.op(WrOpcode::kRdmaWrite, s8, page0 + 16 * 1024 * 10, p.dmr->rkey() ^ 0x100)));
+  EXPECT_EQ(p.wait().status, WcStatus::kSuccess);
+  EXPECT_EQ(p.direct_ops(), ops);
+  for (int i = 0; i < 1'000'000 && p.drop_uc_msg() == drops; ++i) std::this_thread::yield();
+  EXPECT_EQ(p.drop_uc_msg(), drops + 1);
+  EXPECT_EQ(p.dst[page0 + 16 * 1024 * 10], 0) << "the destination was written";
 }
 
 }  // namespace

@@ -66,6 +66,43 @@ TEST(AccessTable, ReaderChecksQpMrAndRange) {
   EXPECT_EQ(x.write(0x100000, 10), -1);
 }
 
+// A UC QP's entry: only a UC op may use it (and an RC op only an RC entry), only a WRITE, and one from a QP
+// that sent packets only once the responder published the PSN after the last of them.
+TEST(AccessTable, UcWritesWaitForThePsnAfterThePacketsBefore) {
+  Table x;
+  auto uc_write = [&](bool sent, uint32_t psn, bool read = false) {
+    LocalSeg seg{x.src.data(), 16};
+    DirectOp op{read, 0x777, 0x12345, 0x100000, 0xABCD01, 16, &seg, 1};
+    op.uc = true;
+    op.uc_sent = sent;
+    op.uc_psn = psn;
+    return AccessTable::direct(x.t->map(), AccessTable::file_bytes(), getpid(), op, nullptr);
+  };
+  EXPECT_EQ(uc_write(false, 0), -1);  // an RC entry
+  std::atomic<uint32_t>* seen = x.t->publish_qp(
+      {.qpn = 0x12345, .access = kAccRemoteWrite, .pd = 3, .dest_qpn = 0x777, .open = true, .uc = true});
+  ASSERT_NE(seen, nullptr);
+  EXPECT_EQ(seen->load(), kNoPsn);
+  EXPECT_EQ(x.write(0x100000, 16), -1);  // an RC op on a UC entry
+  EXPECT_EQ(uc_write(false, 5), 0);      // nothing sent before
+  EXPECT_EQ(uc_write(true, 5), -1);      // sent, and the responder took nothing yet
+  seen->store(5);
+  EXPECT_EQ(uc_write(true, 5), 0);
+  EXPECT_EQ(uc_write(true, 6), -1);  // a packet (PSN 5) not taken yet
+  EXPECT_EQ(uc_write(true, 4), -1);
+  EXPECT_EQ(uc_write(false, 5, true), -1);  // UC has no READ
+  // Published again (a new connection): nothing taken since.
+  seen = x.t->publish_qp(
+      {.qpn = 0x12345, .access = kAccRemoteWrite, .pd = 3, .dest_qpn = 0x777, .open = true, .uc = true});
+  ASSERT_NE(seen, nullptr);
+  EXPECT_EQ(uc_write(true, 5), -1);
+  EXPECT_EQ(
+      x.t->publish_qp(
+          {.qpn = 0x12345, .access = kAccRemoteWrite, .pd = 3, .dest_qpn = 0x777, .open = false, .uc = true}),
+      nullptr);
+  EXPECT_EQ(uc_write(false, 5), -1);  // closed
+}
+
 TEST(AccessTable, WithdrawWaitsForAnAccessInFlight) {
   Table x;
   SharedMr* e = x.entry(0xABCD01);

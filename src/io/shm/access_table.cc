@@ -148,17 +148,20 @@ void AccessTable::withdraw_mr(uint32_t key) {
   }
 }
 
-void AccessTable::publish_qp(const QpInfo& q) {
+std::atomic<uint32_t>* AccessTable::publish_qp(const QpInfo& q) {
   SharedQp& e = qps(map_)[q.qpn & (kQpSlots - 1)];
   const uint32_t cur = e.qpn.load(std::memory_order_relaxed);
-  if (cur != 0 && cur != q.qpn && e.open.load(std::memory_order_relaxed)) return;  // taken: no direct path
+  if (cur != 0 && cur != q.qpn && e.open.load(std::memory_order_relaxed)) return nullptr;  // taken
   begin_write(e);
   e.qpn.store(q.open ? q.qpn : 0, std::memory_order_relaxed);
   e.open.store(q.open ? 1 : 0, std::memory_order_relaxed);
   e.access.store(q.access, std::memory_order_relaxed);
   e.pd.store(q.pd, std::memory_order_relaxed);
   e.dest_qpn.store(q.dest_qpn, std::memory_order_relaxed);
+  e.uc.store(q.uc ? 1 : 0, std::memory_order_relaxed);
+  e.psn_seen.store(kNoPsn, std::memory_order_relaxed);
   end_write(e);
+  return q.open && q.uc ? &e.psn_seen : nullptr;
 }
 
 namespace {
@@ -204,9 +207,17 @@ int AccessTable::direct(void* map, size_t len, int pid, const DirectOp& op, Peer
   // The QP, as its responder would check it.
   const SharedQp& q = qps(map)[op.dest_qpn & (kQpSlots - 1)];
   QpInfo qi;
-  if (!stable_read(q, [&] { qi = {ld(q.qpn), ld(q.access), ld(q.pd), ld(q.dest_qpn), ld(q.open) != 0}; }))
+  if (!stable_read(q, [&] {
+        qi = {ld(q.qpn), ld(q.access), ld(q.pd), ld(q.dest_qpn), ld(q.open) != 0, ld(q.uc) != 0};
+      }))
     return -1;
-  if (qi.qpn != op.dest_qpn || !qi.open || qi.dest_qpn != op.src_qpn || !(qi.access & need)) return -1;
+  if (qi.qpn != op.dest_qpn || !qi.open || qi.dest_qpn != op.src_qpn || !(qi.access & need) || qi.uc != op.uc)
+    return -1;
+  // UC: only once the responder took every packet the QP sent before (DirectOp::uc); the acquire pairs with
+  // its store after the data of the last of them was placed.
+  if (op.uc &&
+      (op.read || op.atomic || (op.uc_sent && q.psn_seen.load(std::memory_order_acquire) != op.uc_psn)))
+    return -1;
 
   // The MR.
   SharedMr* t = mrs(map);

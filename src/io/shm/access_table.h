@@ -1,15 +1,15 @@
 // One-sided access between the processes of one host (ARCHITECTURE.md "Performance plan"): a context that
 // publishes its ports in shared memory (io/shm) also publishes, in a file of its own, what a peer needs to
-// check an RDMA WRITE or READ the way its responder would: its RC QPs (state, remote access flags, PD,
-// peer QPN) and its MRs (key, PD, access, range, and where the range lies in its address space). A
-// requester whose QP has nothing else outstanding then moves the data itself, with a pwrite or pread on the
-// peer's /proc/<pid>/mem for a small op (peer_maps.h), else process_vm_writev or process_vm_readv: one
-// copy, no packet, no work for the peer's CPU, as with a NIC. Where the MR's pages
-// are shared (SOFTRDMA_SHARE_MR=1, mr_share.h), the entry also names their memfd, and the requester
-// copies with memcpy through its own mapping of it (peer_maps.h), or runs an ATOMIC there with the CPU's
-// atomics. Anything it cannot check, or any failure of the call, sends the request the ordinary way
-// instead (the responder then decides, NAKs included), so this is an optimisation only: the semantics
-// are the responder's.
+// check an RDMA WRITE or READ the way its responder would: its RC and UC QPs (state, remote access flags,
+// PD, peer QPN; for UC also the PSN after the last packet its responder took) and its MRs (key, PD, access,
+// range, and where the range lies in its address space). A requester whose QP has nothing else outstanding
+// then moves the data itself, with a pwrite or pread on the peer's /proc/<pid>/mem for a small op
+// (peer_maps.h), else process_vm_writev or process_vm_readv: one copy, no packet, no work for the peer's CPU,
+// as with a NIC. Where the MR's pages are shared (SOFTRDMA_SHARE_MR=1, mr_share.h), the entry also names
+// their memfd, and the requester copies with memcpy through its own mapping of it (peer_maps.h), or runs an
+// ATOMIC there with the CPU's atomics. Anything it cannot check, or any failure of the call, sends the
+// request the ordinary way instead (the responder then decides, NAKs included), so this is an optimisation
+// only: the semantics are the responder's.
 //
 // Races with the owner: each entry has a sequence number (odd while the owner rewrites it) that a reader
 // reads before and after the fields. A reader announces an access in an MR entry's `inflight` before it
@@ -36,7 +36,7 @@ class CopyHelper;
 class PeerMaps;
 
 inline constexpr uint64_t kAccessMagic = 0x53524143434553ull;  // "SRACCES"
-inline constexpr uint32_t kAccessVersion = 2;
+inline constexpr uint32_t kAccessVersion = 3;
 inline constexpr uint32_t kMrSlots = 1u << 15;  // an MR with no room near its slot is not published
 inline constexpr uint32_t kQpSlots = 1u << 14;  // by the low bits of the QPN (a collision: no direct path)
 inline constexpr uint32_t kMaxProbe = 64;
@@ -72,7 +72,12 @@ struct SharedQp {
   std::atomic<uint32_t> access;
   std::atomic<uint32_t> pd;
   std::atomic<uint32_t> dest_qpn;  // the only QP it takes requests from
+  std::atomic<uint32_t> uc;        // 1: a UC QP, 0: RC
+  // UC: the PSN after the last packet the responder took (executed or dropped), stored after its data
+  // was placed; kNoPsn until it took one. Outside `seq`: the data path stores it.
+  std::atomic<uint32_t> psn_seen;
 };
+inline constexpr uint32_t kNoPsn = ~0u;  // (PSNs have 24 bits)
 
 struct AccessHeader {
   uint64_t magic;  // stored last (release), checked first (acquire)
@@ -102,7 +107,8 @@ class AccessTable {
   void publish_mr(const MrInfo& mr, const SharedPages* pages);
   // Withdraws the MR and waits for the accesses of other processes in flight.
   void withdraw_mr(uint32_t key);
-  void publish_qp(const QpInfo& qp);  // open = false withdraws it
+  // open = false withdraws it. Returns the entry's psn_seen for an open UC QP (kNoPsn again), else null.
+  std::atomic<uint32_t>* publish_qp(const QpInfo& qp);
 
   // Reader side, on a peer's table mapped by `map`: 0 when the data moved (process_vm_*), 1 when it moved
   // by memcpy, or an ATOMIC ran, through pages the peer shares (`maps`, if given, maps them), 2 when it

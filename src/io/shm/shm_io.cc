@@ -167,9 +167,10 @@ void ShmIo::forget_mr(uint32_t key) {
     return;
   }
 }
-void ShmIo::publish_qp(const QpInfo& qp) {
+std::atomic<uint32_t>* ShmIo::publish_qp(const QpInfo& qp) {
   std::lock_guard lock(acc_mu_);
-  if (shm::AccessTable* t = qp.open ? access_table() : access_.get()) t->publish_qp(qp);
+  shm::AccessTable* t = qp.open ? access_table() : access_.get();
+  return t ? t->publish_qp(qp) : nullptr;
 }
 
 int ShmIo::direct(const wire::Endpoint& dst, const DirectOp& op) {

@@ -118,7 +118,7 @@ class ShmIo : public Backend {
   void publish_mr(const MrInfo& mr) override;
   void withdraw_mr(uint32_t key) override;
   void forget_mr(uint32_t key) override;
-  void publish_qp(const QpInfo& qp) override;
+  std::atomic<uint32_t>* publish_qp(const QpInfo& qp) override;
   int direct(const wire::Endpoint& dst, const DirectOp& op) override;
 
   UdpIo* udp() const { return udp_.get(); }

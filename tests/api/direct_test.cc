@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <span>
@@ -364,42 +365,50 @@ TEST_P(DirectP, UcWritesGoOneSidedOnlyBehindWhatThePeerTook) {
   EXPECT_EQ(p.tx_packets(), packets);
   EXPECT_EQ(std::memcmp(p.dst.data() + page0, p.src.data(), 8), 0);
 
-  // A SEND and a 64 KiB WRITE in one post (a stream; the WRITE's size makes it a candidate): the SEND's
-  // packet is not even handed to the ring when the WRITE's turn comes, so the WRITE follows it as packets.
-  std::vector<uint8_t> rbuf(64);
+  // A SEND, a 64 KiB WRITE and a SEND in one post (a stream; the WRITE's size makes it a candidate): the
+  // first SEND's packet is not even handed to the ring when the WRITE's turn comes, so the WRITE follows it
+  // as packets. The second SEND's receive completion says that the WRITE's bytes are in place (UC executes
+  // in order), and is what orders the reads below after the responder's writes (as TSan sees them).
+  std::vector<uint8_t> rbuf(128);
   auto rmr = *p.pd->reg_mr(rbuf.data(), rbuf.size(), kLocalWrite);
-  const Sge rs = rmr->sge(0, 64);
-  RecvWr rwr;
-  rwr.wr_id = 77;
-  rwr.sg_list = std::span(&rs, 1);
-  ASSERT_TRUE(p.b->post_recv(rwr));
+  const Sge rs[2] = {rmr->sge(0, 64), rmr->sge(64, 64)};
+  for (uint64_t k = 0; k < 2; ++k) {
+    RecvWr rwr;
+    rwr.wr_id = 77 + k;
+    rwr.sg_list = std::span(&rs[k], 1);
+    ASSERT_TRUE(p.b->post_recv(rwr));
+  }
   const uint32_t big = 64 << 10;
   const Sge s64 = p.smr->sge(0, 64), sbig = p.smr->sge(64, big);
-  SendWr wrs[2] = {p.op(WrOpcode::kSend, s64, 0, 0),
-                   p.op(WrOpcode::kRdmaWrite, sbig, page0 + 64, p.dmr->rkey())};
+  SendWr wrs[3] = {p.op(WrOpcode::kSend, s64, 0, 0),
+                   p.op(WrOpcode::kRdmaWrite, sbig, page0 + 64, p.dmr->rkey()),
+                   p.op(WrOpcode::kSend, s64, 0, 0)};
   packets = p.tx_packets();
-  ASSERT_TRUE(p.a->post_send(std::span<const SendWr>(wrs, 2)));
-  bool got_recv = false;
-  for (int n = 0; n < 3; ++n) {
+  ASSERT_TRUE(p.a->post_send(std::span<const SendWr>(wrs, 3)));
+  int recvs = 0;
+  for (int n = 0; n < 5; ++n) {
     const Wc wc = p.wait();
     EXPECT_EQ(wc.status, WcStatus::kSuccess);
-    if (wc.wr_id == 77) got_recv = true;
+    recvs += wc.opcode == WcOpcode::kRecv;
   }
-  EXPECT_TRUE(got_recv);
+  EXPECT_EQ(recvs, 2);
   EXPECT_EQ(p.direct_ops(), ops) << "a UC WRITE went one-sided ahead of a packet of its QP";
-  EXPECT_EQ(p.tx_packets() - packets, 1u + big / 4096);
+  EXPECT_EQ(p.tx_packets() - packets, 2u + big / 4096);
   EXPECT_EQ(std::memcmp(rbuf.data(), p.src.data(), 64), 0);
-  // Its packets were all taken (the receive completed, and the WRITE's bytes come in order): the next
-  // lone WRITE goes one-sided.
-  for (int i = 0; i < 1'000'000 && std::memcmp(p.dst.data() + page0 + 64, p.src.data() + 64, big) != 0; ++i)
-    std::this_thread::yield();
+  EXPECT_EQ(std::memcmp(rbuf.data() + 64, p.src.data(), 64), 0);
   EXPECT_EQ(std::memcmp(p.dst.data() + page0 + 64, p.src.data() + 64, big), 0);
-  packets = p.tx_packets();
-  ASSERT_TRUE(p.a->post_send(p.op(WrOpcode::kRdmaWrite, s8, page0 + 8, p.dmr->rkey())));
-  EXPECT_EQ(p.wait().status, WcStatus::kSuccess);
-  EXPECT_EQ(p.direct_ops(), ++ops);
-  EXPECT_EQ(p.tx_packets(), packets);
-  EXPECT_EQ(std::memcmp(p.dst.data() + page0 + 8, p.src.data(), 8), 0);
+  // Its packets were all taken: a lone WRITE goes one-sided again, once the responder's PSN is published
+  // (stored right after the last receive completed; until then such a WRITE goes as a packet).
+  bool one_sided = false;
+  for (int i = 0; i < 1000 && !one_sided; ++i) {
+    const uint64_t before = p.direct_ops();
+    ASSERT_TRUE(p.a->post_send(p.op(WrOpcode::kRdmaWrite, s8, page0 + 8, p.dmr->rkey())));
+    EXPECT_EQ(p.wait().status, WcStatus::kSuccess);
+    one_sided = p.direct_ops() == before + 1;
+    if (!one_sided) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_TRUE(one_sided) << "no UC WRITE went one-sided after the peer took every packet";
+  ops = p.direct_ops();
 
   // A wrong rkey: the ordinary way, dropped by the responder, a successful completion all the same.
   const uint64_t drops = p.drop_uc_msg();

@@ -208,6 +208,7 @@ std::expected<Qp*, int> Context::create_qp(Pd* pd, const QpInitAttr& init) {
 }
 
 int Context::destroy_qp(Qp* qp) {
+  qp->forget_published();
   backend_->publish_qp({qp->qpn(), 0, 0, 0, false});
   {
     std::lock_guard g(mu_);

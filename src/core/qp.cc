@@ -90,6 +90,11 @@ int Qp::modify(const QpAttr& attr, uint32_t mask) {
   return err;
 }
 
+void Qp::forget_published() {
+  std::lock_guard g(lock_);
+  psn_seen_ = nullptr;
+}
+
 int Qp::query(QpAttr* attr, QpInitAttr* init) const {
   std::lock_guard g(lock_);
   if (attr) {

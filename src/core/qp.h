@@ -222,6 +222,9 @@ class Qp {
   void send_corked();
   // Sends an ACK the responder deferred (Transport::end_burst) now: the QP is going away.
   void flush_deferred_ack();
+  // The QP is going away: its responder stops storing its PSN into the access table's entry, which another
+  // QP may take once it is withdrawn (Context::destroy_qp calls it first).
+  void forget_published();
   // After the transport ran under the lock: the QP's nearest timer for the drivers (a sleeping one is
   // kicked if it would sleep past it).
   void publish_deadline();

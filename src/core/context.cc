@@ -344,6 +344,7 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
     }
     if (request) {
       Transport::responder(*qp, v, rx, tx, now);
+      if (type == QpType::kUc) Transport::uc_request_came(*qp, now);
       if (type == QpType::kRc) {
         Transport::request_came(*qp, (rx.flags & io::kAwaitsAck) != 0);
         qp->init().send_cq->release_hold();  // the answer came (kAnswerHoldNs)

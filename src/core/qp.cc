@@ -114,6 +114,7 @@ int Qp::post_send(std::span<const SendWr> wrs, size_t* bad) {
     *bad = 0;
     return EINVAL;
   }
+  const bool answered = comp_.request_since_post;
   comp_.request_since_post = false;  // Transport::ack_came_alone
   for (size_t i = 0; i < wrs.size(); ++i) {
     const SendWr& wr = wrs[i];
@@ -193,6 +194,13 @@ int Qp::post_send(std::span<const SendWr> wrs, size_t* bad) {
   const bool polled = polls != send_cq_polls_;
   send_cq_polls_ = polls;
   posts_since_poll_ = polled ? 1 : posts_since_poll_ + 1;
+  if (type() == QpType::kUc) {  // Transport::uc_answer_hold
+    const bool lone_write = wrs.size() == 1 && wrs[0].opcode == WrOpcode::kRdmaWrite && polled;
+    comp_.uc_answers =
+        lone_write && answered
+            ? static_cast<uint8_t>(std::min<uint32_t>(comp_.uc_answers + 1u, Transport::kPingPongAcks))
+            : 0;
+  }
   const bool rc = type() == QpType::kRc;
   if (rc ? tx_held_ || wire::psn_diff(req_.psn, comp_.psn) >= kCorkInFlight
          : posts_since_poll_ > kCorkPostsInARow) {

@@ -121,6 +121,10 @@ struct CompState {
   uint8_t acks_behind_requests = 0;
   uint16_t acks_alone = 0;
   bool request_since_post = false;
+  // UC (Transport::uc_answer_hold): lone WRITEs posted in a row that each found a request of the peer's
+  // come since the post before (up to kPingPongAcks), and the end of the hold of the last one (0: none).
+  uint8_t uc_answers = 0;
+  Nanos uc_hold_until = 0;
 };
 
 // A saved READ or ATOMIC request, for replay of duplicates (IBTA.md 5).

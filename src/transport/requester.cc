@@ -91,6 +91,17 @@ int try_direct(Qp& qp, const SendWqe& w, bool shared_only, bool uc_sent, uint32_
 // memory instead leaves it to its progress thread, which may sleep. The QP's first lone WRITE goes through
 // the ring to find out (a peer that answers so starts a ping-pong). Same-host 8-byte ib_write_lat: README
 // ("The same-host path").
+void Transport::uc_answer_hold(Qp& qp, const SendWqe& w, Nanos now) {
+  if (w.opcode != WrOpcode::kRdmaWrite || !qp.may_direct_ || qp.comp_.uc_answers < kUcAnswers ||
+      !(qp.init_.sq_sig_all || (w.send_flags & kSendSignaled)))
+    return;
+  Cq* scq = qp.init_.send_cq;
+  if (scq->channel()) return;  // an application that waits for events does not poll
+  qp.comp_.uc_hold_until = now + kUcAnswerHoldNs;
+  scq->hold(qp.comp_.uc_hold_until);
+  qp.ctx()->counters().add(Counter::answer_holds);
+}
+
 bool Transport::lone_write_by_ring(Qp& qp, const SendWqe& w) {
   if (w.opcode != WrOpcode::kRdmaWrite || !(qp.init_.sq_sig_all || (w.send_flags & kSendSignaled)))
     return false;
@@ -301,6 +312,7 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
         // UC and UD have no acknowledgements: the WQE is done once its packets are handed to io/.
         w.done = true;
         qp.comp_.psn = qp.req_.psn;
+        if (transport_type == wire::Transport::kUc) uc_answer_hold(qp, w, now);
         retire(qp);
       }
     }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "transport/harness.h"
+#include "transport/transport.h"
 
 namespace softrdma::test {
 namespace {
@@ -99,6 +100,63 @@ TEST(Uc, PostsInARowGoAtTheNextPollOrByTheTimer) {
 
 // The middle packet of a SEND is lost: the message is dropped (no completion, drop_uc_msg), its receive WQE
 // is reused by the next message, which arrives intact.
+// A ping-pong of lone UC WRITEs (ib_write_lat -c UC): once Transport::kUcAnswers posts in a row each found
+// the peer's request come since the post before, a WRITE's completion is held from polls until the peer's
+// next request comes, which a held poll receives, so that the answer is in memory when the completion is
+// returned; for at most kUcAnswerHoldNs. A hold that runs out (the answer came later) ends it until
+// kUcAnswers more. WRITEs with no answer between them never hold.
+TEST(Uc, APingPongOfLoneWritesHoldsTheCompletionForTheAnswer) {
+  Harness h({}, opts(QpType::kUc));
+  auto holds = [&] { return h.a.counters.get(Counter::answer_holds); };
+  for (uint64_t i = 0; i < 4; ++i) {  // no answers
+    ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 0, 8, i).remote(h.b, 0)), 0);
+    EXPECT_EQ(h.a.poll(h.a.scq).size(), 1u);
+  }
+  EXPECT_EQ(holds(), 0u);
+  h.net_.deliver();
+  h.b.poll(h.b.scq);  // b receives them
+  // b answers each of a's WRITEs; a's poll receives the answer before a posts again.
+  auto answer = [&](uint64_t id, uint8_t v) {
+    std::fill(h.b.buf.begin() + 16, h.b.buf.begin() + 24, v);
+    ASSERT_EQ(h.post_send(h.b, Wr(h.b, WrOpcode::kRdmaWrite, 16, 8, id).remote(h.a, 16)), 0);
+    h.net_.deliver();
+  };
+  auto a_writes = [&](uint64_t id) {
+    ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 0, 8, id).remote(h.b, 0)), 0);
+    h.net_.deliver();
+    h.b.poll(h.b.scq);
+  };
+  answer(100, 1);
+  for (uint64_t i = 0; i < core::Transport::kUcAnswers; ++i) {
+    a_writes(10 + i);
+    EXPECT_EQ(h.a.poll(h.a.scq).size(), 1u) << "not yet a ping-pong, round " << i;  // receives the answer
+    answer(101 + i, 2);
+  }
+  EXPECT_EQ(holds(), 0u);
+  h.a.poll(h.a.scq);  // receives the last answer
+  // A ping-pong now: the completion waits for b's answer, and comes with it in memory.
+  a_writes(20);
+  EXPECT_EQ(holds(), 1u);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(h.a.poll(h.a.scq).empty()) << "held, poll " << i;
+  answer(200, 0x5A);
+  std::vector<Wc> got = h.a.poll(h.a.scq);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].wr_id, 20u);
+  EXPECT_TRUE(std::all_of(h.a.buf.begin() + 16, h.a.buf.begin() + 24, [](uint8_t v) { return v == 0x5A; }));
+  // No answer in time: the completion comes when the hold ends; the answer, late, ends the ping-pong.
+  a_writes(21);
+  EXPECT_EQ(holds(), 2u);
+  EXPECT_TRUE(h.a.poll(h.a.scq).empty());
+  g_now += core::Transport::kUcAnswerHoldNs;
+  ASSERT_EQ(h.a.poll(h.a.scq).size(), 1u);
+  EXPECT_EQ(h.a.counters.get(Counter::answer_holds_late), 1u);
+  answer(201, 3);
+  h.a.poll(h.a.scq);  // receives it
+  a_writes(22);
+  EXPECT_EQ(h.a.poll(h.a.scq).size(), 1u) << "held again after a late answer";
+  EXPECT_EQ(holds(), 2u);
+}
+
 TEST(Uc, LostMiddlePacketDropsTheMessage) {
   Harness h({}, opts(QpType::kUc));
   int middles = 0;

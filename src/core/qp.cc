@@ -194,10 +194,10 @@ int Qp::post_send(std::span<const SendWr> wrs, size_t* bad) {
   const bool polled = polls != send_cq_polls_;
   send_cq_polls_ = polls;
   posts_since_poll_ = polled ? 1 : posts_since_poll_ + 1;
-  if (type() == QpType::kUc) {  // Transport::uc_answer_hold
-    const bool lone_write = wrs.size() == 1 && wrs[0].opcode == WrOpcode::kRdmaWrite && polled;
+  const bool lone = wrs.size() == 1 && polled;  // one WR, after a poll of the send CQ
+  if (type() == QpType::kUc) {                  // Transport::uc_answer_hold
     comp_.uc_answers =
-        lone_write && answered
+        lone && wrs[0].opcode == WrOpcode::kRdmaWrite && answered
             ? static_cast<uint8_t>(std::min<uint32_t>(comp_.uc_answers + 1u, Transport::kPingPongAcks))
             : 0;
   }
@@ -214,7 +214,7 @@ int Qp::post_send(std::span<const SendWr> wrs, size_t* bad) {
     }
     return 0;
   }
-  may_direct_ = wrs.size() == 1 && polled;
+  may_direct_ = lone;
   run_requester(*this);
   may_direct_ = false;
   return 0;

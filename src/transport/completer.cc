@@ -56,8 +56,7 @@ Nanos Transport::rnr_delay_ns(uint8_t code) {
 }
 
 void Transport::complete_send(Qp& qp, SendWqe& w, WcStatus status) {
-  const bool signaled = qp.init_.sq_sig_all || (w.send_flags & kSendSignaled);
-  if (status == WcStatus::kSuccess && !signaled) return;
+  if (status == WcStatus::kSuccess && !signaled(qp, w)) return;
   Wc wc;
   wc.wr_id = w.wr_id;
   wc.status = status;

@@ -80,6 +80,17 @@ int try_direct(Qp& qp, const SendWqe& w, bool shared_only, bool uc_sent, uint32_
 
 }  // namespace
 
+void Transport::uc_answer_hold(Qp& qp, const SendWqe& w, Nanos now) {
+  if (w.opcode != WrOpcode::kRdmaWrite || !qp.may_direct_ || qp.comp_.uc_answers < kUcAnswers ||
+      !signaled(qp, w))
+    return;
+  Cq* scq = qp.init_.send_cq;
+  if (scq->channel()) return;  // an application that waits for events does not poll
+  qp.comp_.uc_hold_until = now + kUcAnswerHoldNs;
+  scq->hold(qp.comp_.uc_hold_until);
+  qp.ctx()->counters().add(Counter::answer_holds);
+}
+
 // A small signaled WRITE posted alone (after a poll of the send CQ, one packet long) to a same-host peer
 // goes one-sided by default: a write to the peer's /proc/<pid>/mem (0.8 us here), which the peer's
 // application sees in its memory with nothing to receive. To a peer in a ping-pong with this QP it goes
@@ -91,20 +102,8 @@ int try_direct(Qp& qp, const SendWqe& w, bool shared_only, bool uc_sent, uint32_
 // memory instead leaves it to its progress thread, which may sleep. The QP's first lone WRITE goes through
 // the ring to find out (a peer that answers so starts a ping-pong). Same-host 8-byte ib_write_lat: README
 // ("The same-host path").
-void Transport::uc_answer_hold(Qp& qp, const SendWqe& w, Nanos now) {
-  if (w.opcode != WrOpcode::kRdmaWrite || !qp.may_direct_ || qp.comp_.uc_answers < kUcAnswers ||
-      !(qp.init_.sq_sig_all || (w.send_flags & kSendSignaled)))
-    return;
-  Cq* scq = qp.init_.send_cq;
-  if (scq->channel()) return;  // an application that waits for events does not poll
-  qp.comp_.uc_hold_until = now + kUcAnswerHoldNs;
-  scq->hold(qp.comp_.uc_hold_until);
-  qp.ctx()->counters().add(Counter::answer_holds);
-}
-
 bool Transport::lone_write_by_ring(Qp& qp, const SendWqe& w) {
-  if (w.opcode != WrOpcode::kRdmaWrite || !(qp.init_.sq_sig_all || (w.send_flags & kSendSignaled)))
-    return false;
+  if (w.opcode != WrOpcode::kRdmaWrite || !signaled(qp, w)) return false;
   ReqState& r = qp.req_;
   const bool ring = r.lone_since_request < 2 || !r.ring_tried;
   r.ring_tried = true;

@@ -58,6 +58,10 @@ class Transport {
     if (awaits_ack) qp.req_.lone_since_request = 0;
   }
   static uint64_t completed(const Qp& qp) { return qp.comp_.wqe; }
+  // Whether the WQE's completion goes to the CQ when it succeeds.
+  static bool signaled(const Qp& qp, const SendWqe& w) {
+    return qp.init_.sq_sig_all || (w.send_flags & kSendSignaled);
+  }
   // UC: a signaled WRITE posted alone, sent as a packet, completes at once, and its application (a
   // ping-pong's, ib_write_lat -c UC) then spins on its memory for the peer's answer, which only the
   // progress thread, woken, would receive: 12-14 us typical per half round trip over sockets, 25-29 on

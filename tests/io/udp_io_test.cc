@@ -571,7 +571,7 @@ TEST(UdpIoTest, CountsWhatTheKernelDroppedForAFullSocket) {
   const wire::Endpoint dst = b->ep();
   const Bytes pkt = s.packet(dst, 7, 1024);
   // Far more than the receive buffer holds (at most 2 x UdpIo::kRcvBufBytes of buffers of 2 KiB or more).
-  constexpr size_t kSent = 40000;
+  constexpr size_t kSent = 2 * 2 * size_t{UdpIo::kRcvBufBytes} / 2048 * 5 / 4;
   for (size_t i = 0; i < kSent; ++i) s.send(dst, pkt);
   size_t got = 0;
   for (;;) {

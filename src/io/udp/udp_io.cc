@@ -36,7 +36,7 @@ constexpr uint8_t kZeros[4] = {};
 constexpr size_t kRxCtrlLen = 3 * CMSG_SPACE(sizeof(int)) + 32;
 // The socket's drop count is read (SO_MEMINFO) after a receive call that filled every message it asked
 // for (two or more), after kDropCheckMulti other calls that returned several datagrams, and after
-// kDropCheckEvery calls that returned data. Drops mean a full receive buffer. 16 MiB (SO_RCVBUFFORCE, as
+// kDropCheckEvery calls that returned data. Drops mean a full receive buffer. 32 MiB (SO_RCVBUFFORCE, as
 // root) holds far more datagrams than a call asks for (kRxBatch), even GRO-coalesced ones of 64 KiB, so
 // the call after an overflow fills its batch; a buffer capped by net.core.rmem_max (SO_RCVBUF, not root:
 // 416 KiB by default) may hold only a few coalesced ones, whose drops the second rule counts. Read after

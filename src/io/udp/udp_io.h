@@ -39,9 +39,11 @@ class UdpIo : public Backend {
   // Requested SO_SNDBUF/SO_RCVBUF (the kernel doubles it; without CAP_NET_ADMIN, capped at
   // net.core.{w,r}mem_max). The receive side is larger: UD and UC have no flow control, so a burst sent
   // while the receiving process is not scheduled waits here (perftest's ib_send_bw -c UD sends 1000 x
-  // 4 KiB at once, which 8 MiB did not always hold in a busy CI); memory is taken only while datagrams wait.
+  // 4 KiB at once, which 8 MiB did not always hold in a busy CI; -c UC sends 1000 x 64 KiB, which 16 MiB
+  // did not hold on this 2-CPU host: the receiver, on the sender's CPU, ran in turns of ~4 ms, and the
+  // server waited for ever); memory is taken only while datagrams wait.
   static constexpr int kSndBufBytes = 4 << 20;
-  static constexpr int kRcvBufBytes = 16 << 20;
+  static constexpr int kRcvBufBytes = 32 << 20;
   // When the kernel says EAGAIN/ENOBUFS: wait up to kTxStallPollMs for POLLOUT, at most kTxStallRetries
   // times without progress, then drop the rest of the chunk.
   static constexpr int kTxStallRetries = 20;

@@ -555,16 +555,18 @@ void packet_then_sleep(Side& from, Side& to) {
   to.io->before_sleep();
 }
 
-// A destination that no QP prepared (a UD QP's) is not opened in the send path, which it held up for
-// milliseconds: its packets go over UDP until the progress thread opens it before it sleeps, then through
-// the ring. A sender whose progress thread does not get to it opens it itself once kOpenDeferNs passed.
-TEST(ShmIo, ADestinationFirstNamedByAPacketIsOpenedOffTheSendPath) {
+// A destination that a UD packet names first (no QP prepared it) is not opened in the send path, which
+// it held up for milliseconds: its packets go over UDP until the progress thread opens it before it
+// sleeps, then through the ring. A sender whose progress thread does not get to it opens it itself once
+// kOpenDeferNs passed. An RC packet's destination (its QP prepares it at RTR) is still opened at once.
+TEST(ShmIo, ADestinationFirstNamedByAUdPacketIsOpenedOffTheSendPath) {
   TempDir dir;
   auto a = make_side(dir.path), b = make_side(dir.path);
   ASSERT_TRUE(a && b);
   std::vector<uint8_t> payload(64, 5);
   TxPacket p;
   make_packet(p, *a, b->ep(), 1, payload);
+  p.hdr[0] = 0x64;  // UD SEND Only
   a->io->tx_burst(std::span(&p, 1));
   EXPECT_EQ(receive(*b, 1).size(), 1u);
   EXPECT_EQ(a->counters.get(Counter::tx_shm_packets), 0u) << "opened in the send path";
@@ -576,6 +578,7 @@ TEST(ShmIo, ADestinationFirstNamedByAPacketIsOpenedOffTheSendPath) {
   auto c = make_side(dir.path);
   ASSERT_TRUE(c);
   make_packet(p, *c, b->ep(), 2, payload);
+  p.hdr[0] = 0x64;
   c->io->tx_burst(std::span(&p, 1));
   EXPECT_EQ(c->counters.get(Counter::tx_shm_packets), 0u);
   // (lookup reads the coarse clock: a tick or two more.)
@@ -584,6 +587,12 @@ TEST(ShmIo, ADestinationFirstNamedByAPacketIsOpenedOffTheSendPath) {
   EXPECT_EQ(c->counters.get(Counter::tx_shm_packets), 1u);
   EXPECT_EQ(receive(*b, 2).size(), 2u);
   EXPECT_EQ(b->counters.get(Counter::rx_shm_packets), 2u);
+  auto d = make_side(dir.path);
+  ASSERT_TRUE(d);
+  make_packet(p, *d, b->ep(), 3, payload);  // RC SEND Only
+  d->io->tx_burst(std::span(&p, 1));
+  EXPECT_EQ(d->counters.get(Counter::tx_shm_packets), 1u);
+  EXPECT_EQ(receive(*b, 1).size(), 1u);
 }
 
 // The receiver warms a ring's pages up (before it sleeps) once the ring has carried a packet, and once:

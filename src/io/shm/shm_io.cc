@@ -23,6 +23,7 @@
 #include "io/shm/peer_maps.h"
 #include "io/sys.h"
 #include "wire/headers.h"
+#include "wire/opcode.h"
 
 namespace softrdma::io {
 
@@ -667,7 +668,9 @@ void ShmIo::tx_burst(std::span<TxPacket> pkts) {
   for (size_t i = 0; i < pkts.size(); ++i) {
     TxPacket& p = pkts[i];
     if (!have_peer || !(p.dst == peer_ep)) {
-      peer = lookup(p.dst, now, true);
+      // A UD QP's destination that no QP prepared is opened off this path (kOpenDeferNs); RC and UC
+      // QPs prepared theirs at RTR, and a path that changed under their packets would reorder them.
+      peer = lookup(p.dst, now, p.hdr_len != 0 && wire::transport_of(p.hdr[0]) == wire::Transport::kUd);
       peer_ep = p.dst;
       have_peer = true;
     }

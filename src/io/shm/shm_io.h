@@ -54,11 +54,11 @@ class ShmIo : public Backend {
   static constexpr const char* kFilePrefix = "softrdma-shm.";
   // How often a sender looks again at a peer it knows (a replaced or closed port file, a ring taken back).
   static constexpr uint64_t kRecheckNs = 200'000'000;
-  // A destination that a packet names first (a UD QP's, which no QP prepared: Backend::prepare_peer) is
-  // opened by the progress thread before it next sleeps (open_deferred); its packets go over UDP until
-  // then. If none did by this time, the sender's next lookup opens it itself. Opening takes milliseconds
-  // (mapping and touching the ring's 8.5 MiB; 30 ms on this VM, whose first access to each page is
-  // slow), which each first UD send to a same-host peer spent in ibv_post_send.
+  // A destination that a UD packet names first (no QP prepared it: Backend::prepare_peer) is opened by
+  // the progress thread before it next sleeps (open_deferred); its packets go over UDP until then. If none
+  // did by this time, the sender's next lookup opens it itself. Opening takes milliseconds (mapping and
+  // touching the ring's 8.5 MiB; 30 ms on this VM, whose first access to each page is slow), which each first
+  // UD send to a same-host peer spent in ibv_post_send.
   static constexpr uint64_t kOpenDeferNs = 20'000'000;
   static constexpr uint32_t kMaxOwnPorts = 256;  // published ports per context (more go over UDP only)
   static constexpr uint32_t kPeerSlots = 1024;   // destinations a context remembers (more go over UDP)

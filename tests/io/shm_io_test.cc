@@ -299,7 +299,6 @@ TEST(ShmIo, CarriesPacketsAroundTheInlineSizeWhole) {
     make_packet(pkts[i], *a, b->ep(), i, payloads[i], pads[i]);
     pkts[i].flags = i % 3 == 1 ? kAwaitsAck : 0;
   }
-  a->io->prepare_peer(b->ep());  // as a connected QP does (else the first packets go over UDP)
   a->io->tx_burst(pkts);
   std::vector<uint8_t> flags;
   auto got = receive(*b, pkts.size(), 2000, nullptr, &flags);
@@ -370,7 +369,6 @@ TEST(ShmIo, SocketPacketsStillArriveWhileRingsAreBusy) {
   auto a = make_side(dir.path), b = make_side(dir.path), c = make_side(other.path);
   ASSERT_TRUE(a && b && c);
   EXPECT_FALSE(c->io->reaches(b->ep()));
-  a->io->prepare_peer(b->ep());
   const std::vector<uint8_t> payload(64, 7);
   uint32_t ring_psn = 1000;
   uint64_t ring_pkts = 0;
@@ -442,7 +440,6 @@ TEST(ShmIo, FullRingDropsAndCountsThenRecovers) {
   std::vector<uint8_t> payload(100, 7);
   std::vector<TxPacket> pkts(20);
   for (uint32_t i = 0; i < pkts.size(); ++i) make_packet(pkts[i], *a, b->ep(), i, payload);
-  a->io->prepare_peer(b->ep());
   const auto t0 = Clock::now();
   a->io->tx_burst(pkts);
   EXPECT_GE(Clock::now() - t0, std::chrono::nanoseconds(ShmIo::kFullWaitNs)) << "it waited for room first";
@@ -465,7 +462,6 @@ TEST(ShmIo, PeerIsBehindWhileItsRingHoldsUnreadPacketsAndMoves) {
   std::vector<uint8_t> payload(100, 7);
   std::vector<TxPacket> pkts(20);
   for (uint32_t i = 0; i < pkts.size(); ++i) make_packet(pkts[i], *a, b->ep(), i, payload);
-  a->io->prepare_peer(b->ep());
   a->io->tx_burst(pkts);
   EXPECT_TRUE(a->io->peer_behind(b->ep(), &mark));   // 20 unread
   EXPECT_FALSE(a->io->peer_behind(b->ep(), &mark));  // and not one read since
@@ -477,7 +473,6 @@ TEST(ShmIo, PeerIsBehindWhileItsRingHoldsUnreadPacketsAndMoves) {
   // Another context's ring to the same peer says nothing about this one's.
   std::vector<TxPacket> other(3);
   for (uint32_t i = 0; i < other.size(); ++i) make_packet(other[i], *c, b->ep(), i, payload);
-  c->io->prepare_peer(b->ep());
   c->io->tx_burst(other);
   uint64_t other_mark = 0;
   EXPECT_TRUE(c->io->peer_behind(b->ep(), &other_mark));
@@ -521,7 +516,6 @@ TEST(ShmIo, SleepingReceiverGetsOneDoorbellBusyOneGetsNone) {
   std::vector<uint8_t> payload(8, 1);
   TxPacket p;
   make_packet(p, *a, b->ep(), 1, payload);
-  a->io->prepare_peer(b->ep());
   // A port counts as asleep until its receiver runs: the first packet rings.
   a->io->tx_burst(std::span(&p, 1));
   EXPECT_EQ(a->counters.get(Counter::shm_doorbells), 1u);
@@ -553,46 +547,6 @@ void packet_then_sleep(Side& from, Side& to) {
   from.io->tx_burst(std::span(&p, 1));
   EXPECT_EQ(receive(to, 1).size(), 1u);
   to.io->before_sleep();
-}
-
-// A destination that a UD packet names first (no QP prepared it) is not opened in the send path, which
-// it held up for milliseconds: its packets go over UDP until the progress thread opens it before it
-// sleeps, then through the ring. A sender whose progress thread does not get to it opens it itself once
-// kOpenDeferNs passed. An RC packet's destination (its QP prepares it at RTR) is still opened at once.
-TEST(ShmIo, ADestinationFirstNamedByAUdPacketIsOpenedOffTheSendPath) {
-  TempDir dir;
-  auto a = make_side(dir.path), b = make_side(dir.path);
-  ASSERT_TRUE(a && b);
-  std::vector<uint8_t> payload(64, 5);
-  TxPacket p;
-  make_packet(p, *a, b->ep(), 1, payload);
-  p.hdr[0] = 0x64;  // UD SEND Only
-  a->io->tx_burst(std::span(&p, 1));
-  EXPECT_EQ(receive(*b, 1).size(), 1u);
-  EXPECT_EQ(a->counters.get(Counter::tx_shm_packets), 0u) << "opened in the send path";
-  a->io->before_sleep();  // the progress thread's turn
-  a->io->tx_burst(std::span(&p, 1));
-  EXPECT_EQ(receive(*b, 1).size(), 1u);
-  EXPECT_EQ(a->counters.get(Counter::tx_shm_packets), 1u);
-  EXPECT_EQ(b->counters.get(Counter::rx_shm_packets), 1u);
-  auto c = make_side(dir.path);
-  ASSERT_TRUE(c);
-  make_packet(p, *c, b->ep(), 2, payload);
-  p.hdr[0] = 0x64;
-  c->io->tx_burst(std::span(&p, 1));
-  EXPECT_EQ(c->counters.get(Counter::tx_shm_packets), 0u);
-  // (lookup reads the coarse clock: a tick or two more.)
-  std::this_thread::sleep_for(std::chrono::nanoseconds(ShmIo::kOpenDeferNs) + std::chrono::milliseconds(20));
-  c->io->tx_burst(std::span(&p, 1));
-  EXPECT_EQ(c->counters.get(Counter::tx_shm_packets), 1u);
-  EXPECT_EQ(receive(*b, 2).size(), 2u);
-  EXPECT_EQ(b->counters.get(Counter::rx_shm_packets), 2u);
-  auto d = make_side(dir.path);
-  ASSERT_TRUE(d);
-  make_packet(p, *d, b->ep(), 3, payload);  // RC SEND Only
-  d->io->tx_burst(std::span(&p, 1));
-  EXPECT_EQ(d->counters.get(Counter::tx_shm_packets), 1u);
-  EXPECT_EQ(receive(*b, 1).size(), 1u);
 }
 
 // The receiver warms a ring's pages up (before it sleeps) once the ring has carried a packet, and once:
@@ -730,7 +684,6 @@ TEST(ShmIo, KilledProcessLeavesAFileThatWedgesNothing) {
   std::vector<uint8_t> payload(64, 9);
   TxPacket pkt;
   make_packet(pkt, *c, b->ep(), 3, payload);
-  c->io->prepare_peer(b->ep());
   c->io->tx_burst(std::span(&pkt, 1));
   EXPECT_EQ(receive(*b, 1).size(), 1u);
   EXPECT_EQ(b->counters.get(Counter::rx_shm_packets), 1u);
@@ -815,7 +768,6 @@ TEST(ShmIo, SenderThatLeavesGivesItsRingBack) {
     ASSERT_TRUE(a);
     TxPacket p;
     make_packet(p, *a, b->ep(), i, payload);
-    a->io->prepare_peer(b->ep());
     a->io->tx_burst(std::span(&p, 1));
     ASSERT_EQ(receive(*b, 1).size(), 1u) << i;
     a.reset();

@@ -23,7 +23,6 @@
 #include "io/shm/peer_maps.h"
 #include "io/sys.h"
 #include "wire/headers.h"
-#include "wire/opcode.h"
 
 namespace softrdma::io {
 
@@ -121,7 +120,6 @@ struct ShmIo::PeerSlot {
   wire::Endpoint key;
   std::atomic<Peer*> peer{nullptr};  // null: over UDP
   std::atomic<uint64_t> check_at{0};
-  bool deferred = false;  // its open waits for open_deferred (under ctl_mu_)
 };
 
 bool ShmIo::direct_by_env() { return env_switch_on(kDirectEnv); }
@@ -668,9 +666,7 @@ void ShmIo::tx_burst(std::span<TxPacket> pkts) {
   for (size_t i = 0; i < pkts.size(); ++i) {
     TxPacket& p = pkts[i];
     if (!have_peer || !(p.dst == peer_ep)) {
-      // A UD QP's destination that no QP prepared is opened off this path (kOpenDeferNs); RC and UC
-      // QPs prepared theirs at RTR, and a path that changed under their packets would reorder them.
-      peer = lookup(p.dst, now, p.hdr_len != 0 && wire::transport_of(p.hdr[0]) == wire::Transport::kUd);
+      peer = lookup(p.dst, now);
       peer_ep = p.dst;
       have_peer = true;
     }
@@ -761,7 +757,7 @@ void ShmIo::prepare_peer(const wire::Endpoint& dst) {
   lookup(dst, coarse_now_ns());
 }
 
-ShmIo::Peer* ShmIo::lookup(const wire::Endpoint& dst, uint64_t now, bool defer) {
+ShmIo::Peer* ShmIo::lookup(const wire::Endpoint& dst, uint64_t now) {
   const uint32_t h = hash_endpoint(dst);
   for (uint32_t probe = 0; probe < kPeerSlots; ++probe) {
     PeerSlot& s = peers_[(h + probe) % kPeerSlots];
@@ -781,29 +777,14 @@ ShmIo::Peer* ShmIo::lookup(const wire::Endpoint& dst, uint64_t now, bool defer) 
       if (s.key == dst) return s.peer.load(std::memory_order_relaxed);  // another thread was first
       continue;
     }
-    Peer* p = defer ? nullptr : open_peer(dst);
+    Peer* p = open_peer(dst);
     s.key = dst;
-    s.deferred = defer;
     s.peer.store(p, std::memory_order_relaxed);
-    s.check_at.store(now + (defer ? kOpenDeferNs : kRecheckNs), std::memory_order_relaxed);
+    s.check_at.store(now + kRecheckNs, std::memory_order_relaxed);
     s.used.store(true, std::memory_order_release);
-    if (defer) opens_deferred_.store(true, std::memory_order_release);
     return p;
   }
   return nullptr;  // the table is full: UDP
-}
-
-void ShmIo::open_deferred() {
-  if (!opens_deferred_.exchange(false, std::memory_order_acquire)) return;
-  std::lock_guard lock(ctl_mu_);
-  const uint64_t now = coarse_now_ns();
-  for (uint32_t i = 0; i < kPeerSlots; ++i) {
-    PeerSlot& s = peers_[i];
-    if (!s.used.load(std::memory_order_relaxed) || !s.deferred) continue;
-    s.deferred = false;
-    s.check_at.store(now + kRecheckNs, std::memory_order_relaxed);
-    s.peer.store(open_peer(s.key), std::memory_order_release);
-  }
 }
 
 ShmIo::Peer* ShmIo::recheck(PeerSlot& s, uint64_t now) {
@@ -812,7 +793,6 @@ ShmIo::Peer* ShmIo::recheck(PeerSlot& s, uint64_t now) {
   const bool closed = p != nullptr && p->hdr->closed.load(std::memory_order_relaxed) != 0;
   if (now < s.check_at.load(std::memory_order_relaxed) && !closed) return p;  // another thread just did
   s.check_at.store(now + kRecheckNs, std::memory_order_relaxed);
-  s.deferred = false;  // (open_deferred did not come: opened here)
   if (p != nullptr && !closed && still_valid(*p)) return p;
   struct stat st;
   if (p == nullptr && stat(port_path(s.key).c_str(), &st) != 0) return nullptr;  // still nobody here

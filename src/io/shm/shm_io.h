@@ -54,12 +54,6 @@ class ShmIo : public Backend {
   static constexpr const char* kFilePrefix = "softrdma-shm.";
   // How often a sender looks again at a peer it knows (a replaced or closed port file, a ring taken back).
   static constexpr uint64_t kRecheckNs = 200'000'000;
-  // A destination that a UD packet names first (no QP prepared it: Backend::prepare_peer) is opened by
-  // the progress thread before it next sleeps (open_deferred); its packets go over UDP until then. If none
-  // did by this time, the sender's next lookup opens it itself. Opening takes milliseconds (mapping and
-  // touching the ring's 8.5 MiB; 30 ms on this VM, whose first access to each page is slow), which each first
-  // UD send to a same-host peer spent in ibv_post_send.
-  static constexpr uint64_t kOpenDeferNs = 20'000'000;
   static constexpr uint32_t kMaxOwnPorts = 256;  // published ports per context (more go over UDP only)
   static constexpr uint32_t kPeerSlots = 1024;   // destinations a context remembers (more go over UDP)
   // How long one tx_burst waits in all for room in full rings before it drops (a receiver drains a ring of
@@ -108,10 +102,7 @@ class ShmIo : public Backend {
   // The UDP sockets, where doorbells come, after arm_wakeup (none under fault injection).
   int app_wait_fds(pollfd* fds, int max) override;
   void woke() override { armed_.store(false, std::memory_order_relaxed); }
-  void before_sleep() override {
-    touch_rings();
-    open_deferred();
-  }
+  void before_sleep() override { touch_rings(); }
   void sockets_readable() override { udp_readable_.store(true, std::memory_order_relaxed); }
   bool wakes_by_doorbell() const override { return true; }
   // Also looks again at a peer it knows: a restarted process may have the port of a dead one.
@@ -143,8 +134,6 @@ class ShmIo : public Backend {
   // each (not a ring 0 that prewarm_first_ring did); the progress thread calls it before it sleeps, so
   // that the receive path is not held for the ~10 ms it takes.
   void touch_rings();
-  // Opens the peers whose first packets tx_burst sent over UDP (lookup's `defer`), in the progress thread.
-  void open_deferred();
   struct OwnPort;
   // Allocates and warms up ring 0 of a port being published (before its file is visible), when its
   // filesystem has room for kPrewarmFreeRings rings.
@@ -156,9 +145,7 @@ class ShmIo : public Backend {
   int publish(OwnPort& o);
   uint32_t rx_rings(RxPacket* out, uint32_t room, uint64_t now);
   void scan_entries(OwnPort& o, uint64_t gen);
-  // The peer that reaches `dst` through a ring, or null (UDP). A destination not seen before is opened
-  // now, or with `defer` later (open_deferred, or by a lookup after kOpenDeferNs): null until then.
-  Peer* lookup(const wire::Endpoint& dst, uint64_t now, bool defer = false);
+  Peer* lookup(const wire::Endpoint& dst, uint64_t now);
   Peer* recheck(PeerSlot& s, uint64_t now);
   Peer* open_peer(const wire::Endpoint& dst);
   bool still_valid(const Peer& p) const;
@@ -210,7 +197,6 @@ class ShmIo : public Backend {
   // Sending: destinations by hash (open addressing; entries never removed), and every Peer ever made
   // (a replaced one stays mapped until the end: another thread may still be writing into it).
   std::unique_ptr<PeerSlot[]> peers_;
-  std::atomic<bool> opens_deferred_{false};  // a slot waits for open_deferred
   std::vector<std::unique_ptr<Peer>> all_peers_;
   std::mutex ctl_mu_;  // open/close_port, peer lookups that miss
 };

@@ -53,6 +53,7 @@ namespace softrdma {
   X(shm_doorbells, "wake-ups sent to a sleeping same-host peer")                                             \
   X(shm_rings_warmed, "same-host rings warmed up after their first packet")                                  \
   X(shm_rings_prewarmed, "same-host rings warmed up when their port opened")                                 \
+  X(shm_rings_cold_bulk, "same-host rings a UD sender claimed in its post, bulk pages left to first use")    \
   X(direct_ops, "RDMA WRITEs, READs (and ATOMICs) done in a same-host peer's memory directly (no packet)")   \
   X(direct_bytes, "bytes those moved")                                                                       \
   X(direct_shared_ops, "of those, copies through pages the peer shares (SOFTRDMA_SHARE_MR=1)")               \

@@ -145,9 +145,11 @@ class ShmIo : public Backend {
   int publish(OwnPort& o);
   uint32_t rx_rings(RxPacket* out, uint32_t room, uint64_t now);
   void scan_entries(OwnPort& o, uint64_t gen);
-  Peer* lookup(const wire::Endpoint& dst, uint64_t now);
+  // The peer that reaches `dst` through a ring, or null (UDP); opened (open_peer) if not seen before.
+  Peer* lookup(const wire::Endpoint& dst, uint64_t now, bool cold_bulk = false);
   Peer* recheck(PeerSlot& s, uint64_t now);
-  Peer* open_peer(const wire::Endpoint& dst);
+  // `cold_bulk`: a UD packet's destination, claimed in its post: its bulk pages are not warmed up.
+  Peer* open_peer(const wire::Endpoint& dst, bool cold_bulk = false);
   bool still_valid(const Peer& p) const;
   void give_back(Peer& p);
   void wake(Peer& p, uint16_t src_port);

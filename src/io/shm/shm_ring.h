@@ -158,6 +158,9 @@ class Ring {
     }
   }
 
+  // The end of the slots (where the bulk buffers begin), from the ring's start.
+  size_t slots_end() const { return sizeof(RingHeader) + size_t{nslots_} * kSlotBytes; }
+
   // Producer: a slot to fill and its position, or null when the ring is full (or broken: below).
   Slot* claim(uint64_t* pos) {
     uint64_t p = hdr_->tail.load(std::memory_order_relaxed);

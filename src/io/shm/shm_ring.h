@@ -142,6 +142,9 @@ class Ring {
       (void)__atomic_load_n(bulk_ + off, __ATOMIC_RELAXED);
   }
 
+  // The end of the slots (where the bulk buffers begin), from the ring's start.
+  size_t slots_end() const { return sizeof(RingHeader) + size_t{nslots_} * kSlotBytes; }
+
   // While no other process uses the ring (a producer's claim, before init; a consumer's warm-up before
   // its port file is visible): a write to every page of the ring's `bytes`, a zero byte where no sequence
   // word is. init() writes only the slots' pages, and a first write to a page cost each process 5-11 us
@@ -150,16 +153,13 @@ class Ring {
   // turns for hundreds of iterations.
   void touch_pages(size_t bytes, size_t page) {
     volatile uint8_t* const m = mem();
-    const size_t slots_end = sizeof(RingHeader) + size_t{nslots_} * kSlotBytes;
+    const size_t end = slots_end();
     for (size_t off = 0; off < bytes; off += page) {
       const bool seq_word =
-          off < sizeof(RingHeader) || (off < slots_end && (off - sizeof(RingHeader)) % kSlotBytes == 0);
+          off < sizeof(RingHeader) || (off < end && (off - sizeof(RingHeader)) % kSlotBytes == 0);
       m[seq_word ? off + sizeof(uint64_t) : off] = 0;
     }
   }
-
-  // The end of the slots (where the bulk buffers begin), from the ring's start.
-  size_t slots_end() const { return sizeof(RingHeader) + size_t{nslots_} * kSlotBytes; }
 
   // Producer: a slot to fill and its position, or null when the ring is full (or broken: below).
   Slot* claim(uint64_t* pos) {

@@ -159,12 +159,18 @@ class Context {
     while (d != 0 && d < cur && !next_tick_.compare_exchange_weak(cur, d, std::memory_order_seq_cst)) {
     }
   }
-  // The RC send window of a QP with this path MTU: the context's budget shared by its sending QPs.
-  uint32_t window_for(uint32_t pmtu) const {
-    const uint32_t n = std::max<uint32_t>(1, rc_sending_.load(std::memory_order_relaxed));
-    return std::clamp<uint32_t>(cfg_.inflight_budget / (pmtu * n), kMinWindow, cfg_.window);
+  // The RC send window of a QP with this path MTU: the context's budget shared by its sending QPs, or
+  // `cap` (its path's Backend::inflight_cap, 0: none) where that is smaller. Each QP keeps kMinWindow
+  // packets of the budget at least; of a cap, kMinCappedWindow (many QPs may still overrun a small one).
+  uint32_t window_for(uint32_t pmtu, uint64_t cap = 0) const {
+    const uint64_t n = std::max<uint32_t>(1, rc_sending_.load(std::memory_order_relaxed));
+    const bool capped = cap != 0 && cap < cfg_.inflight_budget;
+    const uint64_t budget = capped ? cap : cfg_.inflight_budget;
+    return static_cast<uint32_t>(
+        std::clamp<uint64_t>(budget / (pmtu * n), capped ? kMinCappedWindow : kMinWindow, cfg_.window));
   }
   static constexpr uint32_t kMinWindow = 16;
+  static constexpr uint32_t kMinCappedWindow = 2;
   // RC QPs that have reached RTS (and were not reset or destroyed since): the sharers of the budget.
   void rc_sending(int delta) { rc_sending_.fetch_add(delta, std::memory_order_relaxed); }
   // The earliest armed timer (kNoTimer: none), for a driver that is about to sleep.

@@ -275,6 +275,7 @@ class Qp {
   RecvQueue rq_;
 
   wire::Endpoint peer_;  // RC/UC: the connected peer's endpoint
+  uint64_t path_cap_ = 0;  // RC/UC: the backend's inflight_cap towards peer_ (Context::window_for)
   uint32_t pmtu_ = 256;
   ReqState req_;
   CompState comp_;

@@ -107,6 +107,11 @@ class Backend : public TxSink {
   // A connected QP names its peer (control path): a backend may get ready to reach it now rather than at
   // the first packet (io/shm maps and claims its ring, which takes milliseconds).
   virtual void prepare_peer(const wire::Endpoint& /*dst*/) {}
+  // Payload bytes that packets on their way to `dst` can take up before the path drops some, as far as this
+  // backend can tell: a socket's receive buffer, taken to be as large at the peer as here (and exactly so
+  // for READ responses, which come to this context's own). 0: no such bound (a path that waits for room).
+  // An RC QP keeps its window within it (Context::window_for). Control path.
+  virtual uint64_t inflight_cap(const wire::Endpoint& /*dst*/) { return 0; }
 
   // The same-host one-sided path. A backend that has it publishes the context's MRs and QPs (control path,
   // serialised by the caller; withdraw_mr waits for peers' accesses in flight) and carries out a one-sided

@@ -128,7 +128,11 @@ int Transport::modify(Qp& qp, const QpAttr& a, uint32_t mask) {
   if (mask & kQpEnSqdAsyncNotify) cur.en_sqd_async_notify = a.en_sqd_async_notify;
   if (mask & (kQpAv | kQpDestQpn)) {
     qp.peer_ = qp.ctx()->peer_endpoint(cur.ah_attr.dgid, cur.dest_qp_num);
-    if (qp.type() != QpType::kUd && !cur.ah_attr.dgid.is_zero()) qp.ctx()->backend()->prepare_peer(qp.peer_);
+    qp.path_cap_ = 0;
+    if (qp.type() != QpType::kUd && !cur.ah_attr.dgid.is_zero()) {
+      qp.ctx()->backend()->prepare_peer(qp.peer_);
+      qp.path_cap_ = qp.ctx()->backend()->inflight_cap(qp.peer_);
+    }
   }
 
   if (!(mask & kQpState)) return 0;

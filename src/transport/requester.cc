@@ -156,7 +156,7 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
   if (qp.comp_.rnr_deadline) return;  // waiting out an RNR NAK
   const bool rc = qp.type() == QpType::kRc;
   const uint32_t pmtu = qp.pmtu_;
-  const uint32_t window = qp.ctx()->window_for(pmtu);
+  const uint32_t window = qp.ctx()->window_for(pmtu, qp.path_cap_);
 
   while (qp.req_.wqe < qp.sq_head_) {
     SendWqe& w = qp.sq_[qp.req_.wqe & qp.sq_mask_];

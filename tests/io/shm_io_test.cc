@@ -361,6 +361,17 @@ TEST(ShmRing, TouchPagesWritesEveryPageButNoSequenceWord) {
   for (uint64_t i = 0; i < kSlots; ++i) EXPECT_NE(ring.peek(i), nullptr) << "slot " << i;
 }
 
+// A peer on a ring has no in-flight bound (a full ring makes its sender wait); one reached over UDP (here:
+// in another directory, as on another host) has its socket's.
+TEST(ShmIo, InflightCapOnlyForPeersOffTheRings) {
+  TempDir dir, other;
+  auto a = make_side(dir.path), b = make_side(dir.path), c = make_side(other.path);
+  ASSERT_TRUE(a && b && c);
+  EXPECT_EQ(a->io->inflight_cap(b->ep()), 0u);
+  EXPECT_GT(c->io->inflight_cap(b->ep()), 0u);
+  EXPECT_EQ(c->io->inflight_cap(b->ep()), c->io->udp()->inflight_cap(b->ep()));
+}
+
 TEST(ShmIo, SocketPacketsStillArriveWhileRingsAreBusy) {
   // While the rings carry packets, rx_burst reads the socket only every few microseconds: a packet from
   // a host that is not on the rings (here: a context in another directory) must still come through while

@@ -5,8 +5,10 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -589,6 +591,40 @@ TEST(UdpIoTest, CountsWhatTheKernelDroppedForAFullSocket) {
   EXPECT_GT(dropped, 0u);
   EXPECT_EQ(got + dropped, kSent + 1);
   EXPECT_EQ(count(*b, Counter::rx_packets), got);
+}
+
+// What an RC QP keeps in flight towards a socket peer at most (UdpIo::inflight_cap): half the receive
+// buffer the kernel gave the sockets (it reports twice what it was asked for). As root, the kRcvBufBytes
+// asked for; without CAP_NET_ADMIN, net.core.rmem_max where that is less (when the test runs as root, a
+// child that became nobody shows it).
+uint64_t expected_cap(bool privileged) {
+  uint64_t rmem_max = 0;
+  std::ifstream("/proc/sys/net/core/rmem_max") >> rmem_max;
+  const uint64_t asked = UdpIo::kRcvBufBytes;
+  return privileged ? asked : std::min(asked, rmem_max);
+}
+
+TEST(UdpIoTest, InflightCapIsHalfTheSocketsReceiveBuffer) {
+  auto a = make_peer("127.0.0.1", 0);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->io->inflight_cap(wire::Endpoint{}), 0u) << "no socket yet: no bound known";
+  ASSERT_TRUE(a->io->open_port(0));
+  const bool root = geteuid() == 0;
+  EXPECT_EQ(a->io->inflight_cap(wire::Endpoint{}), expected_cap(root));
+  if (!root) return;
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (setresgid(65534, 65534, 65534) != 0 || setresuid(65534, 65534, 65534) != 0) _exit(2);
+    auto io = UdpIo::create(addr("127.0.0.1"), nullptr);
+    if (!io || !(*io)->open_port(0)) _exit(3);
+    _exit((*io)->inflight_cap(wire::Endpoint{}) == expected_cap(false) ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "1: another cap than rmem_max's; 2, 3: could not become nobody or open";
 }
 
 // The ICRC is computed before sendmsg assuming what Linux puts in the IP header (ID 0, DF); check that on

@@ -276,6 +276,49 @@ TEST(Rc, SmallestWindowNeedsNoTimeout) {
   EXPECT_EQ(h.a.counters.get(Counter::retransmits), 0u);
 }
 
+// A path whose backend bounds what it can hold (a socket's receive buffer, Backend::inflight_cap) keeps the
+// window within that bound, a WRITE's packets and a READ's responses alike, and still flows without a
+// timeout. (Without root, the 4 MiB budget overran a socket capped by net.core.rmem_max: go-back-N.)
+TEST(Rc, WindowKeepsWithinThePathsCap) {
+  QpOptions o;
+  Harness h({}, o);
+  const uint64_t budget = core::ContextConfig{}.inflight_budget;
+  EXPECT_EQ(h.a.ctx->window_for(1024, 0), std::min<uint64_t>(o.window, budget / 1024));
+  EXPECT_EQ(h.a.ctx->window_for(1024, budget * 2), std::min<uint64_t>(o.window, budget / 1024));  // no bound
+  EXPECT_EQ(h.a.ctx->window_for(1024, 40 * 1024), 40u);
+  EXPECT_EQ(h.a.ctx->window_for(4096, 1024), core::Context::kMinCappedWindow);
+
+  // The cap is the backend's answer when the QP is connected.
+  h.a.be->cap = 16 * 1024;
+  core::QpAttr at;
+  at.qp_state = QpState::kReset;
+  ASSERT_EQ(h.a.qp->modify(at, kQpState), 0);
+  h.connect(h.a, h.b);
+  const uint32_t len = 1 << 20;
+  fill(h.a.buf, 0, len, 3);
+  ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 0, len).remote(h.b, 0)), 0);
+  EXPECT_EQ(h.net_.in_flight(), 16u);  // 16 KiB of 1 KiB packets, the rest after their ACKs
+  std::vector<Wc> wcs;
+  ASSERT_TRUE(h.wait(h.a, h.a.scq, 1, &wcs));
+  EXPECT_EQ(wcs[0].status, WcStatus::kSuccess);
+  EXPECT_TRUE(same(h.a, 0, h.b, 0, len));
+
+  fill(h.b.buf, len, len, 9);
+  ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaRead, 2 * len, len).remote(h.b, len)), 0);
+  h.net_.deliver();
+  io::RxPacket pkts[32];
+  const uint32_t k = h.b.be->rx_burst(pkts, 32);
+  ASSERT_GE(k, 1u);
+  h.b.ctx->rx_burst(std::span(pkts, k), h.b.tx, g_now);
+  EXPECT_LE(h.net_.in_flight(), 16u);  // the responses to what the window let the requester ask for
+  EXPECT_GE(h.net_.in_flight(), 8u);
+  ASSERT_TRUE(h.wait(h.a, h.a.scq, 1, &wcs));
+  EXPECT_EQ(wcs[1].status, WcStatus::kSuccess);
+  EXPECT_TRUE(same(h.a, 2 * len, h.b, len, len));
+  EXPECT_EQ(h.a.counters.get(Counter::retry_timeouts), 0u);
+  EXPECT_EQ(h.a.counters.get(Counter::retransmits), 0u);
+}
+
 // A thread that finds another driving (drive() returns -1) hands over: the driver reads the sockets once
 // more before it lets go. Here the packet arrives after the driver's last read (a real socket may not
 // wake anyone for it): without the hand-over it stayed unread until a retransmission, 67 ms later with

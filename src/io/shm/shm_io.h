@@ -107,6 +107,10 @@ class ShmIo : public Backend {
   bool wakes_by_doorbell() const override { return true; }
   // Also looks again at a peer it knows: a restarted process may have the port of a dead one.
   void prepare_peer(const wire::Endpoint& dst) override;
+  // None for a peer reached through a ring (a full ring makes its sender wait); the socket's otherwise.
+  uint64_t inflight_cap(const wire::Endpoint& dst) override {
+    return reaches(dst) ? 0 : udp_->inflight_cap(dst);
+  }
   // True while the last packet in this context's ring to `dst` is unread and the peer has read some since
   // the previous call (`mark`: the oldest unread position then, + 1). A retransmit timer that ran out found a
   // queue, not a loss: 64 RC QPs of 1 MiB messages to one busy peer (softrdma-soak) had packets wait

@@ -72,6 +72,9 @@ class SimBackend : public Backend {
   int direct(const wire::Endpoint& dst, const DirectOp& op) override {
     return direct_hook ? direct_hook(dst, op) : -1;
   }
+  // A test hook: what inflight_cap answers for every destination.
+  uint64_t cap = 0;
+  uint64_t inflight_cap(const wire::Endpoint& /*dst*/) override { return cap; }
   bool ip_fields_wanted = false;  // (its packets carry the sender's TOS and TTL either way)
   // Counts of what rx_burst dropped.
   uint64_t bad_icrc = 0, truncated = 0;

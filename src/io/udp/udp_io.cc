@@ -234,6 +234,14 @@ std::expected<uint16_t, int> UdpIo::open_port(uint16_t port) {
   set_int_opt(fd, SOL_UDP, UDP_GRO, 1);
   set_buffer(fd, SO_SNDBUFFORCE, SO_SNDBUF, kSndBufBytes);
   set_buffer(fd, SO_RCVBUFFORCE, SO_RCVBUF, kRcvBufBytes);
+  int rcvbuf = 0;
+  socklen_t rcvbuf_len = sizeof rcvbuf;
+  if (getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, &rcvbuf_len) == 0 && rcvbuf > 0) {
+    uint64_t least = rcvbuf_least_.load(std::memory_order_relaxed);
+    while ((least == 0 || static_cast<uint64_t>(rcvbuf) < least) &&
+           !rcvbuf_least_.compare_exchange_weak(least, static_cast<uint64_t>(rcvbuf))) {
+    }
+  }
 
   SockAddr addr;
   const socklen_t alen = to_sockaddr(wire::Endpoint{local_addr_, port}, v4_, scope_id_, &addr);
@@ -275,6 +283,10 @@ std::expected<uint16_t, int> UdpIo::open_port(uint16_t port) {
 bool UdpIo::arm_wakeup() {
   set_watched(true);
   return false;  // a socket added to epfd_ with data queued makes it readable at once
+}
+
+uint64_t UdpIo::inflight_cap(const wire::Endpoint& /*dst*/) {
+  return rcvbuf_least_.load(std::memory_order_relaxed) / 2;
 }
 
 void UdpIo::nap() { set_watched(false); }

@@ -80,6 +80,12 @@ class UdpIo : public Backend {
   // timer in epfd_ releases.
   int app_wait_fds(pollfd* fds, int max) override;
   void nap() override;
+  // Half the receive buffer of this context's sockets (the smallest: the kernel accounts each datagram's
+  // memory, about twice the payload of a lone 4 KiB one, against SO_RCVBUF, which it reports doubled).
+  // Without CAP_NET_ADMIN the buffer is capped by net.core.rmem_max, 208 KiB on a stock Debian: the 4 MiB
+  // that RC QPs keep in flight by default overran it (socket ib_read_bw 64 KiB as a user: 13,549 of 415,000
+  // datagrams dropped, go-back-N, 196 MiB/s against 2,137 as root). As root, 32 MiB: above that budget.
+  uint64_t inflight_cap(const wire::Endpoint& dst) override;
 
   // Frames and sends every packet, in order, on the socket whose port is pkt.src.port (the source address
   // is always local_addr()). Thread-safe; never blocks for more than about kTxStallRetries *
@@ -168,6 +174,8 @@ class UdpIo : public Backend {
   uint32_t doorbells_ = 0;  // empty datagrams rx_burst dropped (take_doorbells)
 
   std::atomic<uint64_t> tx_dropped_{0};
+  std::atomic<uint64_t> rcvbuf_least_{
+      0};  // the smallest SO_RCVBUF (as reported) of the sockets opened; 0: none
   std::atomic<uint64_t> rx_oversize_{0};
 };
 

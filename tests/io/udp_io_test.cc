@@ -748,6 +748,29 @@ TEST(UdpIoTest, GsoRunsArriveAsPackets) {
   EXPECT_EQ(count(*b, Counter::rx_packets), 41u);
 }
 
+// A buffer that holds fewer coalesced datagrams than a receive call asks for (as one capped by rmem_max
+// does) never fills a call's batch: its drops are counted when the burst ends. (The kernel counts each
+// dropped coalesced datagram once, whatever number of packets it held.)
+TEST(UdpIoTest, CountsDropsOfASmallBufferWhenTheBurstEnds) {
+  auto a = make_gso_peer("127.0.0.1");
+  auto b = make_peer("127.0.0.1");
+  ASSERT_TRUE(a && b);
+  b->io->set_rcvbuf_for_test(64 << 10);  // 128 KiB: two or three 60 KiB datagrams
+  const Bytes full = pattern(4096, 5);
+  std::vector<TxPacket> pkts(300);
+  for (uint32_t i = 0; i < pkts.size(); ++i) {
+    fill_header(pkts[i], i, 28, 0);
+    pkts[i].src = a->ep();
+    pkts[i].dst = b->ep();
+    attach(pkts[i], full, 1);
+  }
+  a->io->tx_burst(pkts);
+  const size_t got = receive(*b->io, pkts.size(), 300).size();
+  EXPECT_LT(got, pkts.size());
+  EXPECT_GT(count(*b, Counter::drop_socket_full), 0u);
+  EXPECT_EQ(count(*b, Counter::rx_packets), got);
+}
+
 // When the kernel splits a GSO send itself (a receiving socket without UDP_GRO), the k-th datagram
 // carries IPv4 ID k: the ICRC a softrdma sender put in it must check with that ID. Proves the rule the
 // sender's ICRC relies on against the real kernel.

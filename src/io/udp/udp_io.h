@@ -86,6 +86,8 @@ class UdpIo : public Backend {
   // that RC QPs keep in flight by default overran it (socket ib_read_bw 64 KiB as a user: 13,549 of 415,000
   // datagrams dropped, go-back-N, 196 MiB/s against 2,137 as root). As root, 32 MiB: above that budget.
   uint64_t inflight_cap(const wire::Endpoint& dst) override;
+  // For tests: the open sockets' receive buffer (SO_RCVBUF: the kernel doubles it, within rmem_max).
+  void set_rcvbuf_for_test(int bytes);
 
   // Frames and sends every packet, in order, on the socket whose port is pkt.src.port (the source address
   // is always local_addr()). Thread-safe; never blocks for more than about kTxStallRetries *

@@ -315,6 +315,23 @@ TEST(Rc, WindowKeepsWithinThePathsCap) {
   ASSERT_TRUE(h.wait(h.a, h.a.scq, 1, &wcs));
   EXPECT_EQ(wcs[1].status, WcStatus::kSuccess);
   EXPECT_TRUE(same(h.a, 2 * len, h.b, len, len));
+
+  // The least window, one packet (a cap smaller than a packet, or shared by many QPs), still flows.
+  h.a.be->cap = 512;
+  for (Node* n : {&h.a, &h.b}) ASSERT_EQ(n->qp->modify(at, kQpState), 0);  // both sides start anew
+  h.connect(h.a, h.b);
+  h.connect(h.b, h.a);
+  ASSERT_EQ(h.a.ctx->window_for(1024, 512), core::Context::kMinCappedWindow);
+  fill(h.a.buf, 0, len / 4, 5);
+  ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 0, len / 4).remote(h.b, 0)), 0);
+  EXPECT_EQ(h.net_.in_flight(), core::Context::kMinCappedWindow);
+  ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaRead, 2 * len, len / 4).remote(h.b, len)), 0);
+  ASSERT_TRUE(h.wait(h.a, h.a.scq, 2, &wcs));
+  ASSERT_EQ(wcs.size(), 4u);
+  EXPECT_EQ(wcs[2].status, WcStatus::kSuccess);
+  EXPECT_EQ(wcs[3].status, WcStatus::kSuccess);
+  EXPECT_TRUE(same(h.a, 0, h.b, 0, len / 4));
+  EXPECT_TRUE(same(h.a, 2 * len, h.b, len, len / 4));
   EXPECT_EQ(h.a.counters.get(Counter::retry_timeouts), 0u);
   EXPECT_EQ(h.a.counters.get(Counter::retransmits), 0u);
 }

@@ -86,7 +86,8 @@ class UdpIo : public Backend {
   // that RC QPs keep in flight by default overran it (socket ib_read_bw 64 KiB as a user: 13,549 of 415,000
   // datagrams dropped, go-back-N, 196 MiB/s against 2,137 as root). As root, 32 MiB: above that budget.
   uint64_t inflight_cap(const wire::Endpoint& dst) override;
-  // For tests: the open sockets' receive buffer (SO_RCVBUF: the kernel doubles it, within rmem_max).
+  // For tests: the open sockets' receive buffer (SO_RCVBUF: the kernel doubles it, within rmem_max);
+  // inflight_cap() goes on saying what open_port read.
   void set_rcvbuf_for_test(int bytes);
 
   // Frames and sends every packet, in order, on the socket whose port is pkt.src.port (the source address
@@ -176,8 +177,8 @@ class UdpIo : public Backend {
   uint32_t doorbells_ = 0;  // empty datagrams rx_burst dropped (take_doorbells)
 
   std::atomic<uint64_t> tx_dropped_{0};
-  std::atomic<uint64_t> rcvbuf_least_{
-      0};  // the smallest SO_RCVBUF (as reported) of the sockets opened; 0: none
+  // The smallest SO_RCVBUF (as the kernel reports it) of the sockets opened at open_port; 0: none yet.
+  std::atomic<uint64_t> rcvbuf_least_{0};
   std::atomic<uint64_t> rx_oversize_{0};
 };
 

@@ -161,8 +161,8 @@ class Context {
   }
   // The RC send window of a QP with this path MTU: the context's budget shared by its sending QPs, or
   // `cap` (its path's Backend::inflight_cap, 0: none) where that is smaller. Each QP keeps kMinWindow
-  // packets of the budget at least; of a cap, kMinCappedWindow: one packet (socket ib_write_bw -q 64 as a
-  // user, 416 KiB buffers: with two each, 9-35 drops and 17-50 ACK timeouts per 800 MiB; with one, 0-14).
+  // packets of the budget at least; of a cap, kMinCappedWindow: one packet (socket ib_write_bw -q 64 -n 200
+  // as a user, 416 KiB buffers: with two each, 9-35 drops and 28-50 ACK timeouts a run; with one, 0-1, 0-15).
   uint32_t window_for(uint32_t pmtu, uint64_t cap = 0) const {
     const uint64_t n = std::max<uint32_t>(1, rc_sending_.load(std::memory_order_relaxed));
     const bool capped = cap != 0 && cap < cfg_.inflight_budget;

@@ -64,6 +64,7 @@ void Context::flush_deferred_acks_at_exit() {
 }
 
 Context::~Context() {
+  forget_corked();
   {
     LiveContexts& live = live_contexts();
     std::lock_guard g(live.mu);
@@ -283,6 +284,14 @@ struct ThreadState {
 };
 constinit thread_local ThreadState tls;
 }  // namespace
+
+// The destroying thread's list must not name this context after it: the list would stay filled (a
+// context's poll empties only its own) and record no other context's QPs again, or name a new context
+// made at the same address. Other threads' lists are left as they are.
+void Context::forget_corked() {
+  CorkedList& l = tls_once(tls).corked;
+  if (l.ctx == this) l = CorkedList{};
+}
 
 void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now) {
   driver_gen_.fetch_add(1, std::memory_order_seq_cst);  // odd: busy

@@ -226,6 +226,7 @@ class Context {
   };
   std::expected<uint32_t, int> alloc_qpn();
   void send_corked();
+  void forget_corked();  // ~Context
   // Inside rx_burst, under the QP's lock: the QP's nearest timer for the timer scan and the drivers (no
   // kick: the thread receiving runs the timers; see rx_burst for the one exception).
   void store_deadline(Qp& qp);

@@ -1024,5 +1024,23 @@ TEST(Rc, AckLeavesBeforeTheReceiveCompletionOnAChannel) {
   }
 }
 
+// A post that waits behind packets in flight is on its thread's list for that thread's next drive or poll
+// (Context::corked). A context destroyed with its QP still on the list takes the list with it: the next
+// context's posts on that thread are listed and sent by its drive, not left to the ACKs.
+TEST(Rc, ThePostersListOfWaitingQpsOutlivesNoContext) {
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(round);
+    Harness h;
+    for (uint64_t i = 0; i < 3; ++i)
+      ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 0, 8, i).remote(h.b, 0)), 0);
+    EXPECT_EQ(h.net_.sent, 2u);  // the third waits
+    h.a.ctx->drive(h.a.tx, g_now, false);
+    EXPECT_EQ(h.net_.sent, 3u);
+    // Another post waits, and the harness goes away with it listed (nothing polled after it).
+    ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 0, 8, 4).remote(h.b, 0)), 0);
+    EXPECT_EQ(h.net_.sent, 3u);
+  }
+}
+
 }  // namespace
 }  // namespace softrdma::test

@@ -355,6 +355,18 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
       Transport::responder(*qp, v, rx, tx, now);
       if (type == QpType::kUc) Transport::uc_request_came(*qp, now);
       if (type == QpType::kRc) {
+        // Held by the responder (a completion on a channel): its ACK goes first, as for the completer's
+        // packets below.
+        if (Transport::tx_held(*qp) && (n_held == 0 || held[n_held - 1] != qp)) {
+          if (n_held < std::size(held)) {
+            held[n_held++] = qp;
+          } else {
+            Transport::flush_ack(*qp, tx);
+            tx.flush();
+            Transport::release_tx(*qp, tx, now);
+            tx.flush();
+          }
+        }
         Transport::request_came(*qp, (rx.flags & io::kAwaitsAck) != 0);
         qp->init().send_cq->release_hold();  // the answer came (kAnswerHoldNs)
         if (n_touched < std::size(touched) && (n_touched == 0 || touched[n_touched - 1] != qp))

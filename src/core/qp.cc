@@ -204,6 +204,7 @@ int Qp::post_send(std::span<const SendWr> wrs, size_t* bad) {
   const bool rc = type() == QpType::kRc;
   if (rc ? tx_held_ || wire::psn_diff(req_.psn, comp_.psn) >= kCorkInFlight
          : posts_since_poll_ > kCorkPostsInARow) {
+    if (rc && tx_held_) lone_held_ = lone;
     if (!corked_) {
       corked_ = true;
       ctx_->corked(qpn_);

@@ -265,6 +265,7 @@ class Qp {
   bool shared_direct_ = false;
   bool corked_ = false;  // WRs wait in the send queue (post_send; on the poster's list if it had room)
   bool tx_held_ = false;  // packets of this QP may wait in a driver's batch (Transport::hold_tx)
+  bool lone_held_ = false;         // the last post that a hold corked was lone (may_direct_ at release_tx)
   uint32_t posts_since_poll_ = 0;  // post_send calls since the send CQ was last polled (UC/UD corking)
 
   // Send queue

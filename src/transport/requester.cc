@@ -1,5 +1,6 @@
 // The requester: turns send WQEs into request packets while the send window allows (IBTA.md 1, 4c, 5).
 #include <algorithm>
+#include <utility>
 
 #include "core/context.h"
 #include "transport/transport.h"
@@ -137,8 +138,13 @@ void Transport::advance_psn(Qp& qp, uint32_t next) {
 
 bool Transport::release_tx(Qp& qp, io::TxBatch& tx, Nanos now) {
   qp.tx_held_ = false;
+  const bool lone = std::exchange(qp.lone_held_, false);
   if (!qp.corked_) return false;
+  // A lone post that the hold corked may still go one-sided, as it would have at once (an RDMA READ that
+  // rping's server posts on the SEND's event: through the rings it waited for the peer's progress thread).
+  qp.may_direct_ = lone;
   send_posted(qp, tx, now);
+  qp.may_direct_ = false;
   return true;
 }
 

@@ -97,6 +97,7 @@ class Transport {
   // packets ahead of them (the peer would NAK the gap), so it waits as behind packets in flight
   // (Qp::post_send). Under the QP's lock.
   static void hold_tx(Qp& qp) { qp.tx_held_ = true; }
+  static bool tx_held(const Qp& qp) { return qp.tx_held_; }
   // Ends the hold, once the batch is sent: what was posted meanwhile goes into `tx` now; the caller sends
   // it before the QP's lock goes. Returns whether the requester ran. Nothing else is sure to send such a
   // post: its QP may have no packet out (no ACK to come, no timer armed), and its poster's list of

@@ -990,38 +990,92 @@ TEST(Rc, SgeLists) {
 namespace softrdma::test {
 namespace {
 
-// The ACK of a message that produces a receive completion on a CQ with a completion channel leaves
-// before that completion can be seen, as a NIC's does: an application woken by the event and answering
-// at once never overtakes it (ib_send_lat -e relies on it). Without a channel (a polling application),
-// the ACKs of one burst go as one: 3 SENDs delivered together get 1 ACK.
-TEST(Rc, AckLeavesBeforeTheReceiveCompletionOnAChannel) {
+// An application woken by a receive completion on a completion channel may answer at once (ib_send_lat -e,
+// rping): its answer must not overtake the ACK of the message it answers, as it never does on a NIC (the
+// peer waits for its send completion and the answer in that order, on one channel). The ACK leaves with
+// the burst's others, one for the burst, and a post on that QP before it went waits behind it
+// (Transport::hold_tx). Without a channel (a polling application) nothing waits: the answer may go first.
+TEST(Rc, AnAnswerOnAChannelNeverOvertakesTheAck) {
+  const uint8_t ack = wire::opcode(wire::Transport::kRc, wire::kOpAcknowledge);
+  const uint8_t send = wire::opcode(wire::Transport::kRc, wire::kOpSendOnly);
   for (bool channel : {true, false}) {
     SCOPED_TRACE(channel ? "channel" : "polled");
     QpOptions o;
     o.recv_channel = channel;
     Harness h({}, o);
     for (uint64_t i = 0; i < 3; ++i) ASSERT_EQ(h.post_recv(h.b, i, 64 * i, 64), 0);
-    int acks = 0, acks_after_cqe = 0;
+    ASSERT_EQ(h.post_recv(h.a, 7, 1024, 64), 0);
+    const uint32_t to_a = h.a.qp->qpn();
+    std::vector<uint8_t> from_b;  // the opcodes of B's packets, in the order they reach the wire
+    bool answered = false;
+    uint32_t completions_seen = 0;
     h.net_.drop_if = [&](uint64_t, std::span<const uint8_t> f) {
-      if (f[0] == wire::opcode(wire::Transport::kRc, wire::kOpAcknowledge)) {
-        ++acks;
-        if (h.b.rcq->pending() >= static_cast<size_t>(acks)) ++acks_after_cqe;  // its completion is out
+      if ((uint32_t{f[5]} << 16 | uint32_t{f[6]} << 8 | f[7]) != to_a) return false;
+      if (f[0] == ack && !answered) {
+        // B's application saw its completions and answers while the ACK is not yet on the wire.
+        answered = true;
+        completions_seen = h.b.rcq->pending();
+        EXPECT_EQ(h.post_send(h.b, Wr(h.b, WrOpcode::kSend, 512, 8, 9)), 0);
       }
+      from_b.push_back(f[0]);
       return false;
     };
     // The third post waits behind two packets in flight; the poster's drive sends it before any delivery.
     for (uint64_t i = 0; i < 3; ++i) ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kSend, 0, 8, i)), 0);
     h.a.ctx->drive(h.a.tx, g_now, false);
     ASSERT_EQ(h.net_.sent, 3u);
-    std::vector<Wc> s;
+    std::vector<Wc> s, r;
     ASSERT_TRUE(h.run([&] {
       for (auto& w : h.a.poll(h.a.scq)) s.push_back(w);
-      return s.size() == 3;
+      for (auto& w : h.a.poll(h.a.rcq)) r.push_back(w);
+      return s.size() == 3 && r.size() == 1;
     }));
-    EXPECT_EQ(acks, channel ? 3 : 1);
-    EXPECT_EQ(acks_after_cqe, channel ? 0 : 1);
-    EXPECT_EQ(h.b.rcq->pending(), 3u);
+    ASSERT_TRUE(answered);
+    EXPECT_EQ(completions_seen, 3u);
+    const std::vector<uint8_t> want =
+        channel ? std::vector<uint8_t>{ack, send} : std::vector<uint8_t>{send, ack};
+    EXPECT_EQ(from_b, want);
+    EXPECT_EQ(h.b.counters.get(Counter::tx_acks), 1u);  // the burst's three messages, one ACK
   }
+}
+
+// rping's server posts an RDMA READ on the event of the SEND it received: posted while that SEND's ACK is
+// held, the READ waits, and when the hold ends still goes one-sided (same host), as it would have at once.
+TEST(Rc, ALonePostThatTheAckHoldCorkedStillGoesOneSided) {
+  const uint8_t ack = wire::opcode(wire::Transport::kRc, wire::kOpAcknowledge);
+  QpOptions o;
+  o.recv_channel = true;
+  Harness h({}, o);
+  uint64_t reads = 0;
+  h.b.be->direct_hook = [&](const wire::Endpoint&, const io::DirectOp& op) {
+    if (!op.read || op.shared_only) return -1;
+    const auto* from = reinterpret_cast<const uint8_t*>(op.va);
+    for (uint32_t i = 0; i < op.nseg; ++i) {
+      std::memcpy(op.segs[i].addr, from, op.segs[i].len);
+      from += op.segs[i].len;
+    }
+    ++reads;
+    return 0;
+  };
+  fill(h.a.buf, 256, 8, 77);
+  ASSERT_EQ(h.post_recv(h.b, 1, 0, 64), 0);
+  bool posted = false;
+  h.net_.drop_if = [&](uint64_t, std::span<const uint8_t> f) {
+    if (f[0] == ack && !posted) {  // b's application answers before the ACK is on the wire
+      posted = true;
+      EXPECT_EQ(h.post_send(h.b, Wr(h.b, WrOpcode::kRdmaRead, 512, 8, 5).remote(h.a, 256)), 0);
+      EXPECT_EQ(reads, 0u) << "held";
+    }
+    return false;
+  };
+  ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kSend, 0, 8, 1)), 0);
+  std::vector<Wc> done;
+  ASSERT_TRUE(h.wait(h.b, h.b.scq, 1, &done));
+  ASSERT_TRUE(posted);
+  EXPECT_EQ(done[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(reads, 1u);
+  EXPECT_EQ(std::memcmp(h.b.buf.data() + 512, h.a.buf.data() + 256, 8), 0);
+  EXPECT_EQ(h.net_.sent, 2u);  // a's SEND and b's ACK: no READ request
 }
 
 // A post that waits behind packets in flight is on its thread's list for that thread's next drive or poll

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "io/sys.h"
@@ -625,6 +626,24 @@ TEST(UdpIoTest, InflightCapIsHalfTheSocketsReceiveBuffer) {
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0)
       << "1: another cap than rmem_max's; 2, 3: could not become nobody or open";
+}
+
+// The receive ring is faulted in (and read by the kernel) at open_port, not by the first bursts it
+// receives (map_rx_ring): the process's anonymous resident memory grows by the ring's 2 MiB there.
+TEST(UdpIoTest, TheReceiveRingIsResidentOnceThePortIsOpen) {
+  auto rss_anon_kib = [] {
+    std::ifstream status("/proc/self/status");
+    std::string line;
+    while (std::getline(status, line))
+      if (line.rfind("RssAnon:", 0) == 0) return std::stol(line.substr(8));
+    return -1L;
+  };
+  auto a = make_peer("127.0.0.1", 0);
+  ASSERT_TRUE(a);
+  const long before = rss_anon_kib();
+  ASSERT_GE(before, 0);
+  ASSERT_TRUE(a->io->open_port(0));
+  EXPECT_GE(rss_anon_kib() - before, long{UdpIo::kRxBatch * UdpIo::kRxBufSize / 1024});
 }
 
 // The ICRC is computed before sendmsg assuming what Linux puts in the IP header (ID 0, DF); check that on

@@ -25,7 +25,8 @@ namespace softrdma::io {
 
 class UdpIo : public Backend {
  public:
-  // Receive ring of each socket: kRxBatch buffers of kRxBufSize bytes, allocated at open_port (2 MiB).
+  // Receive ring of each socket: kRxBatch buffers of kRxBufSize bytes, mapped and faulted in at open_port
+  // (2 MiB, one huge page where it can be; udp_io.cc, map_rx_ring).
   // A buffer holds the largest UDP datagram: with UDP_GRO the kernel hands over runs of datagrams
   // coalesced into one (RoCEv2 packets themselves are at most 4096 + 64 + 3 + 4 bytes).
   static constexpr uint32_t kRxBatch = 32;

@@ -368,7 +368,13 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
           }
         }
         Transport::request_came(*qp, (rx.flags & io::kAwaitsAck) != 0);
-        qp->init().send_cq->release_hold();  // the answer came (kAnswerHoldNs)
+        // The answer came (kAnswerHoldNs), or a packet of it: the hold lasts until its last, kAnswerHoldNs
+        // after the latest at most (ended at the first, a poll returned the completion while most of a
+        // 1 MiB answer was still to come, and the progress thread received it ms later).
+        if (oi.any(wire::kEnd))
+          qp->init().send_cq->release_hold();
+        else
+          qp->init().send_cq->extend_hold(now + kAnswerHoldNs);
         if (n_touched < std::size(touched) && (n_touched == 0 || touched[n_touched - 1] != qp))
           touched[n_touched++] = qp;
         else if (n_touched == std::size(touched))

@@ -169,6 +169,11 @@ class Cq {
   // the ACK of a ping-pong came without the peer's answer). A held poll receives, so the answer it waits
   // for lands meanwhile. Completions still go to the CQ as they come; only polls wait.
   void hold(Nanos until) { hold_until_.store(until, std::memory_order_relaxed); }
+  // Moves a hold's end to `until` if it is later (no hold: none made).
+  void extend_hold(Nanos until) {
+    Nanos cur = hold_until_.load(std::memory_order_relaxed);
+    if (cur != 0 && cur < until) hold_until_.compare_exchange_strong(cur, until, std::memory_order_relaxed);
+  }
   void release_hold() {
     if (hold_until_.load(std::memory_order_relaxed) != 0) hold_until_.store(0, std::memory_order_release);
   }

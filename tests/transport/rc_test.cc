@@ -700,6 +700,35 @@ TEST(Rc, ALoneAckOfAPingPongHoldsThePollForTheAnswer) {
   EXPECT_EQ(h.a.counters.get(Counter::retransmits), 0u);
 }
 
+// An answer of several packets (socket ib_write_lat at 512 KiB and 1 MiB: 2-4 ms typical a half round trip,
+// now 0.07-0.12): its first packet does not end the hold, its last does. Ended by the first, the poll
+// returned the completion while the rest of the answer was still to come, the application spun on its
+// memory, and the progress thread, asleep beside two spinning applications, received the rest ms later.
+TEST(Rc, AHeldPollWaitsForTheAnswersLastPacket) {
+  Harness h;
+  ping_pong(h);
+  ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 8, 8, 400).remote(h.b, 8)), 0);
+  receives(h, h.b, __LINE__);
+  h.b.ctx->tick(h.b.tx, g_now + core::Transport::kAckDeferNs);  // b's ACK goes alone
+  h.net_.deliver();
+  EXPECT_TRUE(h.a.poll(h.a.scq).empty()) << "held";
+  EXPECT_EQ(h.a.counters.get(Counter::answer_holds), 1u);
+
+  // b answers with 3 packets (1 KiB path MTU); a receives the first alone, then polls.
+  const uint32_t len = 3 * 1024;
+  fill(h.b.buf, 4096, len, 77);
+  ASSERT_EQ(h.post_send(h.b, Wr(h.b, WrOpcode::kRdmaWrite, 4096, len, 450).remote(h.a, 4096)), 0);
+  h.net_.deliver();
+  io::RxPacket first;
+  ASSERT_EQ(h.a.be->rx_burst(&first, 1), 1u);
+  h.a.ctx->rx_burst(std::span(&first, 1), h.a.tx, g_now);
+  Wc wc[4];
+  ASSERT_EQ(h.a.scq->poll(wc), 1);  // one poll, as the application's
+  EXPECT_EQ(wc[0].wr_id, 400u);
+  EXPECT_EQ(std::memcmp(h.a.buf.data() + 4096, h.b.buf.data() + 4096, len), 0) << "the whole answer is there";
+  EXPECT_EQ(h.a.counters.get(Counter::answer_holds_late), 0u);
+}
+
 // a's backend as a same-host one: a WRITE that may go one-sided lands in b's buffer at once; one that may
 // go only through pages the peer shares (the ring's way, Transport::lone_write_by_ring) goes as a packet.
 struct OneSidedWrites {

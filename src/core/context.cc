@@ -369,12 +369,14 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
         }
         Transport::request_came(*qp, (rx.flags & io::kAwaitsAck) != 0);
         // The answer came (kAnswerHoldNs), or a packet of it: the hold lasts until its last, kAnswerHoldNs
-        // after the latest at most (ended at the first, a poll returned the completion while most of a
-        // 1 MiB answer was still to come, and the progress thread received it ms later).
+        // after the latest at most, kAnswerUnderwayHoldNs where nothing else is outstanding on the QP (ended
+        // at the first, a poll returned the completion while most of a 1 MiB answer was still to come, and
+        // the progress thread received it ms later).
         if (oi.any(wire::kEnd))
           qp->init().send_cq->release_hold();
         else
-          qp->init().send_cq->extend_hold(now + kAnswerHoldNs);
+          qp->init().send_cq->extend_hold(
+              now + (Transport::answer_underway(*qp) ? kAnswerUnderwayHoldNs : kAnswerHoldNs));
         if (n_touched < std::size(touched) && (n_touched == 0 || touched[n_touched - 1] != qp))
           touched[n_touched++] = qp;
         else if (n_touched == std::size(touched))
@@ -410,6 +412,15 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
           c.add(Counter::answer_holds);
         }
         if (scq->channel() || !tls_once(tls).app_drive) answer_late = true;
+      } else if (type == QpType::kRc && Transport::completed(*qp) != completed &&
+                 Transport::answer_underway(*qp) && !qp->init().send_cq->channel()) {
+        // The ACK came with the first packets of the peer's answer (one of many packets, which the peer
+        // sends after its first window and its deferred ACK): the poll holds the completion until the
+        // answer's last packet, as above, and receives the rest itself. Returned at once, the application
+        // (ib_write_lat) spun on memory while the rest waited for the napping progress thread: 2 MiB took
+        // 8-12 ms a half round trip, in steps of the scheduler's tick.
+        qp->init().send_cq->hold(now + kAnswerUnderwayHoldNs);
+        c.add(Counter::answer_holds);
       }
     }
     store_deadline(*qp);

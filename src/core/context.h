@@ -201,6 +201,11 @@ class Context {
   // Measured, 8-byte socket-path ib_write_lat, 20 interleaved runs of 20,000 iterations: average of the
   // averages 10.26 -> 6.65 us, runs with a 99.9th percentile over 1 ms 12 -> 0 (the typical unchanged).
   static constexpr Nanos kAnswerHoldNs = 20'000;
+  // Once a packet of the answer came, the hold lasts until its last one, and this long after the latest
+  // at most: an answer of more than one window (256 packets) pauses until the peer has this side's ACK,
+  // which took 20-50 us over sockets here (a 2 MiB ib_write_lat, whose holds ran out at 20 us in 9 of 10
+  // iterations; then the application spun on memory and the rest waited for the napping progress thread).
+  static constexpr Nanos kAnswerUnderwayHoldNs = 200'000;
   // An application thread polling an empty CQ yields its CPU after this long of polls that found
   // nothing (and at least kYieldAfterIdlePolls of them): drive_from_app.
   static constexpr Nanos kYieldAfterIdleNs = 20'000;

@@ -115,6 +115,12 @@ void Transport::flush_ack(Qp& qp, io::TxBatch& tx) {
 Nanos Transport::end_burst(Qp& qp, io::TxBatch& tx, Nanos now) {
   RespState& r = qp.resp_;
   if (!r.ack_pending) return 0;
+  // In the middle of a message: no answer can come before its end, and its sender may be waiting for this
+  // ACK to send the rest (its window, 256 packets, is 1 MiB at 4 KiB).
+  if (r.last_opcode != 0xFF) {
+    flush_ack(qp, tx);
+    return 0;
+  }
   if (qp.sq_head_ == 0 || qp.init().recv_cq->channel() || qp.init().send_cq->channel() ||
       r.acks_undeferred) {
     if (r.acks_undeferred) --r.acks_undeferred;

@@ -84,6 +84,11 @@ class Transport {
   static constexpr uint8_t kUcAnswers = 2;
   static constexpr Nanos kUcAnswerHoldNs = 200'000;
   static bool ack_came_alone(Qp& qp, uint64_t completed_before);
+  // Whether the QP has nothing left to complete while its responder is in the middle of a message of the
+  // peer's: the answer to what just completed has begun and more of it is to come.
+  static bool answer_underway(const Qp& qp) {
+    return qp.comp_.wqe == qp.sq_head_ && qp.resp_.last_opcode != 0xFF;
+  }
   // Whether a signaled WRITE posted alone goes to a same-host peer through the ring (requester.cc).
   static bool lone_write_by_ring(Qp& qp, const SendWqe& w);
   static constexpr uint8_t kPingPongAcks = 8;

@@ -353,7 +353,7 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
     }
     if (request) {
       Transport::responder(*qp, v, rx, tx, now);
-      if (type == QpType::kUc) Transport::uc_request_came(*qp, now);
+      if (type == QpType::kUc) Transport::uc_request_came(*qp, now, oi.any(wire::kEnd));
       if (type == QpType::kRc) {
         // Held by the responder (a completion on a channel): its ACK goes first, as for the completer's
         // packets below.

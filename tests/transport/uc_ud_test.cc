@@ -143,11 +143,14 @@ TEST(Uc, APingPongOfLoneWritesHoldsTheCompletionForTheAnswer) {
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].wr_id, 20u);
   EXPECT_TRUE(std::all_of(h.a.buf.begin() + 16, h.a.buf.begin() + 24, [](uint8_t v) { return v == 0x5A; }));
-  // No answer in time: the completion comes when the hold ends; the answer, late, ends the ping-pong.
+  // No answer in time: the completion comes when the hold ends (kUcAnswerHoldNs and 1 ns per byte of the
+  // WRITE); the answer, late, ends the ping-pong.
   a_writes(21);
   EXPECT_EQ(holds(), 2u);
   EXPECT_TRUE(h.a.poll(h.a.scq).empty());
-  g_now += core::Transport::kUcAnswerHoldNs;
+  g_now += core::Transport::kUcAnswerHoldNs + 7;
+  EXPECT_TRUE(h.a.poll(h.a.scq).empty());
+  g_now += 1;
   ASSERT_EQ(h.a.poll(h.a.scq).size(), 1u);
   EXPECT_EQ(h.a.counters.get(Counter::answer_holds_late), 1u);
   answer(201, 3);
@@ -155,6 +158,50 @@ TEST(Uc, APingPongOfLoneWritesHoldsTheCompletionForTheAnswer) {
   a_writes(22);
   EXPECT_EQ(h.a.poll(h.a.scq).size(), 1u) << "held again after a late answer";
   EXPECT_EQ(holds(), 2u);
+}
+
+// Large WRITEs in a UC ping-pong (socket ib_write_lat -c UC from 16 KiB: 2 ms typical, against 8 us at
+// 8 KiB). The hold lasts until the answer's last packet, not its first (ended at the first, the poll
+// returned the completion with the rest to come, and the rest waited for the napping progress thread);
+// and it allows for the WRITE's own packets, which leave before the peer can answer (1 ns per byte: at
+// 1 MiB, every hold of 200 us ran out).
+TEST(Uc, AHeldPollWaitsForTheLastPacketOfTheAnswer) {
+  Harness h({}, opts(QpType::kUc));
+  const uint32_t len = 8 * 1024;
+  uint64_t id = 1;
+  auto a_writes = [&] {
+    ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 0, len, id++).remote(h.b, 0)), 0);
+    h.net_.deliver();
+    h.b.poll(h.b.scq);  // b receives it
+  };
+  auto b_answers = [&](uint32_t n, uint8_t v) {
+    fill(h.b.buf, 2 * len, n, v);
+    ASSERT_EQ(h.post_send(h.b, Wr(h.b, WrOpcode::kRdmaWrite, 2 * len, n, 1000 + id).remote(h.a, 2 * len)), 0);
+    h.net_.deliver();
+  };
+  b_answers(8, 1);
+  for (uint32_t i = 0; i <= core::Transport::kUcAnswers; ++i) {  // a ping-pong from the last round on
+    h.a.poll(h.a.scq);
+    a_writes();
+    b_answers(8, static_cast<uint8_t>(2 + i));
+  }
+  h.a.poll(h.a.scq);
+  const uint64_t holds = h.a.counters.get(Counter::answer_holds);
+  EXPECT_GE(holds, 1u) << "a ping-pong";
+  a_writes();
+  EXPECT_EQ(h.a.counters.get(Counter::answer_holds), holds + 1);
+  g_now += core::Transport::kUcAnswerHoldNs + 1;
+  Wc wc[4];
+  EXPECT_EQ(h.a.scq->poll(wc), 0) << "held past 200 us: a's 8 KiB left first";
+  // b answers with 3 packets (1 KiB path MTU); a receives the first alone, then polls once.
+  b_answers(3 * 1024, 77);
+  io::RxPacket first;
+  ASSERT_EQ(h.a.be->rx_burst(&first, 1), 1u);
+  h.a.ctx->rx_burst(std::span(&first, 1), h.a.tx, g_now);
+  ASSERT_EQ(h.a.scq->poll(wc), 1);
+  EXPECT_EQ(std::memcmp(h.a.buf.data() + 2 * len, h.b.buf.data() + 2 * len, 3 * 1024), 0)
+      << "the whole answer is there";
+  EXPECT_EQ(h.a.counters.get(Counter::answer_holds_late), 0u);
 }
 
 TEST(Uc, LostMiddlePacketDropsTheMessage) {

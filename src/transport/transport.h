@@ -92,9 +92,10 @@ class Transport {
   static bool ack_came_alone(Qp& qp, uint64_t completed_before);
   // Whether the QP has nothing left to complete while its responder is in the middle of a message of the
   // peer's: the answer to what just completed has begun and more of it is to come.
-  static bool answer_underway(const Qp& qp) {
-    return qp.comp_.wqe == qp.sq_head_ && qp.resp_.last_opcode != 0xFF;
-  }
+  static bool answer_underway(const Qp& qp) { return sq_empty(qp) && qp.resp_.last_opcode != 0xFF; }
+  // Whether every WQE posted on the QP has completed: an application that polls now waits for nothing else
+  // of this QP's (a ping-pong's, whose completion may be held for the answer).
+  static bool sq_empty(const Qp& qp) { return qp.comp_.wqe == qp.sq_head_; }
   // Whether a signaled WRITE posted alone goes to a same-host peer through the ring (requester.cc).
   static bool lone_write_by_ring(Qp& qp, const SendWqe& w);
   static constexpr uint8_t kPingPongAcks = 8;

@@ -700,6 +700,27 @@ TEST(Rc, ALoneAckOfAPingPongHoldsThePollForTheAnswer) {
   EXPECT_EQ(h.a.counters.get(Counter::retransmits), 0u);
 }
 
+// The ACK of a ping-pong's QP that comes alone holds the poll only where nothing else is outstanding on the
+// QP: with more WRITEs posted (a stream both ways, ib_send_bw -b, whose ACKs so came once per 3 messages)
+// the application waits for no answer, and its completions, of both directions where one CQ has them, are
+// returned at once.
+TEST(Rc, ALoneAckHoldsNoPollWhileMoreIsOutstanding) {
+  Harness h;
+  ping_pong(h);
+  ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 8, 8, 400).remote(h.b, 8)), 0);
+  ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kRdmaWrite, 24, 8, 401).remote(h.b, 24)), 0);
+  h.net_.deliver();
+  io::RxPacket first;
+  ASSERT_EQ(h.b.be->rx_burst(&first, 1), 1u);  // b takes a's first WRITE only
+  h.b.ctx->rx_burst(std::span(&first, 1), h.b.tx, g_now);
+  h.b.ctx->tick(h.b.tx, g_now + core::Transport::kAckDeferNs);  // its ACK goes alone, by the deadline
+  h.net_.deliver();
+  Wc wc[4];
+  ASSERT_EQ(h.a.scq->poll(wc), 1) << "not held: 401 is still outstanding";
+  EXPECT_EQ(wc[0].wr_id, 400u);
+  EXPECT_EQ(h.a.counters.get(Counter::answer_holds), 0u);
+}
+
 // An answer of several packets (socket ib_write_lat at 512 KiB and 1 MiB: 2-4 ms typical a half round trip,
 // now 0.07-0.12): its first packet does not end the hold, its last does. Ended by the first, the poll
 // returned the completion while the rest of the answer was still to come, the application spun on its

@@ -23,6 +23,7 @@
 #include "io/env.h"
 #include "io/kernel_touch.h"
 #include "io/netif.h"
+#include "io/prefetch.h"
 #include "io/sys.h"
 #include "wire/icrc.h"
 #include "wire/opcode.h"
@@ -505,6 +506,10 @@ void UdpIo::tx_burst(std::span<TxPacket> pkts) {
             std::span<const uint8_t>(static_cast<const uint8_t*>(p.iov[k].iov_base), p.iov[k].iov_len);
       }
       if (pad != 0) segs[nseg++] = std::span<const uint8_t>(kZeros, pad);
+      // The next packet's payload is read while this one's ICRC is computed (io/prefetch.h).
+      if (i + 1 < pkts.size())
+        for (uint32_t k = 0; k < pkts[i + 1].n_iov; ++k)
+          prefetch_read(pkts[i + 1].iov[k].iov_base, pkts[i + 1].iov[k].iov_len);
       const auto ip_id = static_cast<uint16_t>(t.npkts[m - 1]);
       const uint32_t icrc =
           wire::icrc_for_udp(src, p.dst, std::span<const std::span<const uint8_t>>(segs, nseg), ip_id);

@@ -506,10 +506,13 @@ void UdpIo::tx_burst(std::span<TxPacket> pkts) {
             std::span<const uint8_t>(static_cast<const uint8_t*>(p.iov[k].iov_base), p.iov[k].iov_len);
       }
       if (pad != 0) segs[nseg++] = std::span<const uint8_t>(kZeros, pad);
-      // The next packet's payload is read while this one's ICRC is computed (io/prefetch.h).
-      if (i + 1 < pkts.size())
-        for (uint32_t k = 0; k < pkts[i + 1].n_iov; ++k)
-          prefetch_read(pkts[i + 1].iov[k].iov_base, pkts[i + 1].iov[k].iov_len);
+      // The next packet's payload is read while this one's ICRC is computed (io/prefetch.h). (Its n_iov is
+      // checked only when its turn comes: bounded here.)
+      if (i + 1 < pkts.size()) {
+        const TxPacket& next = pkts[i + 1];
+        for (uint32_t k = 0; k < std::min(next.n_iov, kMaxPayloadIov); ++k)
+          prefetch_read(next.iov[k].iov_base, next.iov[k].iov_len);
+      }
       const auto ip_id = static_cast<uint16_t>(t.npkts[m - 1]);
       const uint32_t icrc =
           wire::icrc_for_udp(src, p.dst, std::span<const std::span<const uint8_t>>(segs, nseg), ip_id);

@@ -87,7 +87,9 @@ struct Pair {
     EXPECT_EQ(std::memcmp(dst.data() + off, src.data(), 8), 0);
     EXPECT_EQ(direct_ops(), share ? ops + 1 : ops);
     EXPECT_EQ(ring_lone_writes(), share ? ring : ring + 1);
-    if (!share) EXPECT_GT(tx_packets(), packets);
+    if (!share) {
+      EXPECT_GT(tx_packets(), packets);
+    }
   }
   Wc wait() {
     Wc wc;

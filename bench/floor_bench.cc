@@ -32,13 +32,16 @@
 //                                               the pauses of a thread that spins alone on each CPU (all CPUs
 //                                               at once, for SECONDS): how often it stops for 10 us or more
 //                                               (the host taking the virtual CPU, interrupts), for how long,
-//                                               at what period, and the share of its time they take
+//                                               at what period, and the share of its time they take; then
+//                                               each CPU's speed: a fixed chain of dependent multiply-adds
+//                                               on every CPU at once (ns per step, per CPU, and
+//                                               the slowest CPU's time over the fastest's)
 //
 // Both sides of the ping-pong spin on non-blocking sockets (recv with MSG_DONTWAIT), as a busy-polling RDMA
 // application spins on its CQ, so the figure is the kernel's UDP loopback path and nothing else. The client
-// prints one line of key=value figures: the mean and median half round trip (the round trip measured per
-// iteration, halved) in microseconds; so does mem-pingpong. memcpy prints the bytes copied per second
-// (10^9 B/s and MiB/s).
+// prints one line of key=value figures: the mean, median, least and 99th-percentile half round trip (the
+// round trip measured per iteration, halved) in microseconds; so does mem-pingpong. memcpy prints the bytes
+// copied per second (10^9 B/s and MiB/s).
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -58,6 +61,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
@@ -229,9 +233,10 @@ int timed_round_trips(size_t size, long iters, Ping ping, Pong pong) {
   double sum = 0;
   for (double r : rtt_us) sum += r;
   std::printf(
-      "size=%zu iters=%ld half_rtt_avg_us=%.3f half_rtt_median_us=%.3f half_rtt_min_us=%.3f seconds=%.3f\n",
+      "size=%zu iters=%ld half_rtt_avg_us=%.3f half_rtt_median_us=%.3f half_rtt_min_us=%.3f "
+      "half_rtt_p99_us=%.3f seconds=%.3f\n",
       size, iters, sum / static_cast<double>(iters) / 2, rtt_us[rtt_us.size() / 2] / 2, rtt_us.front() / 2,
-      total_s);
+      rtt_us[rtt_us.size() * 99 / 100] / 2, total_s);
   return 0;
 }
 
@@ -449,10 +454,26 @@ struct Pauses {
   std::vector<int64_t> lengths;  // ns
   std::vector<int64_t> periods;  // ns between the long ones
   double seconds = 0;
+  int64_t work_ns = 0;  // the median batch of the fixed work (kWorkSteps), timed after the pauses
 };
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+// The fixed work that compares the CPUs' speeds: a chain of dependent multiply-adds (a step waits for the
+// one before, so the time is the CPU's own and not the memory's). A virtual CPU whose physical core is
+// shared with another guest runs it slower; so do the processes on it (the project's VM, 2026-12-04: one
+// CPU took 1.6x as long as the other for minutes, and softrdma's probes on that CPU 1.5-2x the cycles).
+constexpr uint64_t kWorkSteps = 1u << 22;
+constexpr int kWorkBatches = 5;
+
+int64_t work_batch_ns() {
+  const int64_t t0 = now_ns();
+  uint64_t x = static_cast<uint64_t>(t0);
+  for (uint64_t i = 0; i < kWorkSteps; ++i) x = x * 6364136223846793005ull + 1442695040888963407ull;
+  asm volatile("" : : "r"(x) : "memory");  // the chain is done before the clock is read
+  return now_ns() - t0;
 }
 
 void spin_and_record(int cpu, double seconds, Pauses* out) {
@@ -477,6 +498,12 @@ void spin_and_record(int cpu, double seconds, Pauses* out) {
     last = t;
   }
   out->seconds = static_cast<double>(last - start) / 1e9;
+  // Every CPU's thread does this at about the same time, so each CPU is measured while all are busy (as in
+  // a ping-pong or a stream of two processes).
+  std::vector<int64_t> batches;
+  for (int b = 0; b < kWorkBatches; ++b) batches.push_back(work_batch_ns());
+  std::nth_element(batches.begin(), batches.begin() + kWorkBatches / 2, batches.end());
+  out->work_ns = batches[kWorkBatches / 2];
 }
 
 int64_t median(std::vector<int64_t> v) {
@@ -509,13 +536,24 @@ int machine(double seconds) {
     secs += p.seconds;
   }
   const int64_t longest = lengths.empty() ? 0 : *std::max_element(lengths.begin(), lengths.end());
+  int64_t fastest = INT64_MAX, slowest = 0;
+  std::string work;  // per CPU, ns per step
+  for (const Pauses& p : per_cpu) {
+    fastest = std::min(fastest, p.work_ns);
+    slowest = std::max(slowest, p.work_ns);
+    char b[32];
+    std::snprintf(b, sizeof b, "%s%.3f", work.empty() ? "" : ",",
+                  static_cast<double>(p.work_ns) / static_cast<double>(kWorkSteps));
+    work += b;
+  }
   std::printf(
       "cpus=%u seconds=%.3f syscall_us=%.4f pauses_per_s=%.1f pause_median_us=%.1f pause_max_us=%.1f "
-      "pause_lost_pct=%.2f pause_period_ms=%.3f\n",
+      "pause_lost_pct=%.2f pause_period_ms=%.3f cpu_step_ns=%s cpu_speed_spread=%.2f\n",
       cpus, seconds, static_cast<double>(median(per_call)) / 1e6,
       secs > 0 ? static_cast<double>(lengths.size()) / secs : 0.0, static_cast<double>(median(lengths)) / 1e3,
       static_cast<double>(longest) / 1e3, secs > 0 ? lost / (secs * 1e9) * 100 : 0.0,
-      static_cast<double>(median(periods)) / 1e6);
+      static_cast<double>(median(periods)) / 1e6, work.c_str(),
+      fastest > 0 ? static_cast<double>(slowest) / static_cast<double>(fastest) : 0.0);
   return 0;
 }
 

@@ -21,8 +21,9 @@ Runs on this machine, every process on 127.0.0.1:
              column: 64), the working set of 64 QPs' buffers; and kernel_copy, the kernel copying 64 such
              buffers (written by the process first, as perftest fills its own) into a file, first time
              (kernel_copy_first) and second: what sendmmsg does with the socket path's payloads; and
-             machine: a system call's cost (getppid) and the pauses of a thread that spins alone on each
-             CPU (printed beside the targets: every latency figure here includes them); and at 8 B
+             machine: a system call's cost (getppid), the pauses of a thread that spins alone on each
+             CPU (printed beside the targets: every latency figure here includes them) and how much slower
+             the slowest CPU runs the same work than the fastest (cpu_speed_spread); and at 8 B
              udp_pingpong_block, the UDP ping-pong with blocking receives (ib_send_lat -e's floor)
 
 Every case runs --runs times (the cases interleaved, so that a change in the machine's load touches every
@@ -859,7 +860,7 @@ METRICS = ["bw", "rate", "lat_us", "lat_typical_us", "cpu_server_us", "cpu_clien
            "direct_per_op"]
 # floor-bench machine's figures (kind "machine"): printed beside the targets, not in the tables.
 MACHINE_METRICS = ["syscall_us", "pauses_per_s", "pause_median_us", "pause_max_us", "pause_lost_pct",
-                   "pause_period_ms"]
+                   "pause_period_ms", "cpu_speed_spread"]
 
 
 def summary(case):
@@ -1098,6 +1099,11 @@ def table(cases, meta, tgts):
           f"second, {fmt(med(mach, 'pause_median_us'))} us at the median (longest {fmt(med(mach, 'pause_max_us'))}), "
           f"the long ones every {fmt(med(mach, 'pause_period_ms'))} ms: {fmt(med(mach, 'pause_lost_pct'))}% of its "
           "time, which every latency mean here includes, the floors' too)")
+    if med(mach, "cpu_speed_spread") is not None:
+        spread = [r["cpu_speed_spread"] for r in mach.runs if "cpu_speed_spread" in r]
+        w(f"  (the CPUs' speeds, floor-bench machine: the slowest CPU took {fmt(med(mach, 'cpu_speed_spread'))}x as "
+          f"long as the fastest for the same chain of integer steps, run by run {fmt(min(spread))}-"
+          f"{fmt(max(spread))}x; a process on a slow CPU is slow in every figure, its peer's wait included)")
     (plain, rc), (shm, mem), (sock_ev, block), (host_ev, _) = beside_targets(cases)
     if med(plain, "lat_us") and med(rc, "lat_us"):
         w(f"  (the RC pair's own floor, udp_pingpong_rc: {fmt(med(rc, 'lat_us'))} us = "
@@ -1274,6 +1280,8 @@ def main():
                       "direct_per_op": "operations done one-sided (same host, no packet) per operation",
                       "syscalls_*": "syscalls per operation",
                       "syscall_us": "microseconds per getppid (the machine case)",
+                      "cpu_speed_spread": "the slowest CPU's time over the fastest's for the same fixed work (the "
+                                          "machine case)",
                       "pause*": "a spinning thread's stops of 10 us or more, per CPU: per second, their median "
                                 "and longest in microseconds, the share of its time in percent, the period of the "
                                 "20 us ones in milliseconds"}}

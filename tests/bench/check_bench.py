@@ -91,6 +91,11 @@ machine = [c for c in cases if c["tool"] == "floor" and c["test"] == "machine"]
 check(len(machine) == 1, "the machine floor is not in the quick run")
 if machine and machine[0]["summary"].get("pause_lost_pct"):
     check("(the machine, floor-bench machine:" in table, "table.txt lacks the machine's figures beside the targets")
+    # The CPUs' speeds: the slowest over the fastest, so at least 1 (a parse that lost it, or a division the
+    # wrong way round, fails here).
+    spread = machine[0]["summary"].get("cpu_speed_spread", {}).get("median")
+    check(spread is not None and spread >= 1.0, f"the machine case's cpu_speed_spread is {spread}, not >= 1")
+    check("(the CPUs' speeds, floor-bench machine:" in table, "table.txt lacks the CPUs' speeds beside the targets")
 
 kernel = [c for c in cases if c["tool"] == "floor" and c["test"] in ("kernel_copy_first", "kernel_copy")]
 check(len(kernel) == 2, "the kernel_copy floors are not both in the quick run")

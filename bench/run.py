@@ -1106,8 +1106,14 @@ def table(cases, meta, tgts):
           f"{fmt(max(spread))}x; a process on a slow CPU is slow in every figure, its peer's wait included)")
     (plain, rc), (shm, mem), (sock_ev, block), (host_ev, _) = beside_targets(cases)
     if med(plain, "lat_us") and med(rc, "lat_us"):
+        # softrdma's own share of the socket-path latency targets: their figures against this floor.
+        sock = "socket" if any(c.variant == "socket" for c in cases) else "default"
+        mine = [(t, find(cases, "softrdma", t, "sr_lo", 8, 1, sock)) for t in ("ib_write_lat", "ib_send_lat")]
+        against = "; ".join(f"{t} {fmt(med(c, 'lat_us'))} us = {med(c, 'lat_us') / med(rc, 'lat_us'):.2f}x it"
+                            for t, c in mine if med(c, "lat_us"))
         w(f"  (the RC pair's own floor, udp_pingpong_rc: {fmt(med(rc, 'lat_us'))} us = "
-          f"{med(rc, 'lat_us') / med(plain, 'lat_us'):.2f}x the UDP floor, before any work of softrdma's)")
+          f"{med(rc, 'lat_us') / med(plain, 'lat_us'):.2f}x the UDP floor, before any work of softrdma's"
+          + (f"; socket path {against}" if against else "") + ")")
     if med(mem, "lat_us") and med(shm, "lat_us"):
         w(f"  (the same-host WRITE's own floor, mem_pingpong: {fmt(med(mem, 'lat_us'))} us = "
           f"{med(mem, 'lat_us') / med(shm, 'lat_us'):.2f}x fi_pingpong shm 64 B: a pwrite on the peer's "

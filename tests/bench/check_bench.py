@@ -86,6 +86,13 @@ for test, line in (("udp_pingpong_rc", "the RC pair's own floor"), ("mem_pingpon
     floor = [c for c in cases if c["tool"] == "floor" and c["test"] == test]
     if floor and floor[0]["summary"].get("lat_us", {}).get("median"):
         check(line in table, f"table.txt lacks '{line}'")
+# softrdma's socket-path ib_write_lat set against the RC pair's floor, on that floor's line, when both ran.
+rc_floor = [c for c in cases if c["tool"] == "floor" and c["test"] == "udp_pingpong_rc"]
+write_lat = [c for c in cases if c["tool"] == "softrdma" and c["test"] == "ib_write_lat" and c.get("variant") == "socket"]
+if rc_floor and write_lat and all(c["summary"].get("lat_us", {}).get("median") for c in rc_floor + write_lat):
+    rc_line = next((l for l in table.splitlines() if "the RC pair's own floor" in l), "")
+    check("socket path ib_write_lat" in rc_line and "x it" in rc_line,
+          f"the RC pair's floor line does not set ib_write_lat against it: {rc_line!r}")
 
 machine = [c for c in cases if c["tool"] == "floor" and c["test"] == "machine"]
 check(len(machine) == 1, "the machine floor is not in the quick run")

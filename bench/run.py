@@ -1113,7 +1113,7 @@ def table(cases, meta, tgts):
                             for t, c in mine if med(c, "lat_us"))
         w(f"  (the RC pair's own floor, udp_pingpong_rc: {fmt(med(rc, 'lat_us'))} us = "
           f"{med(rc, 'lat_us') / med(plain, 'lat_us'):.2f}x the UDP floor, before any work of softrdma's"
-          + (f"; socket path {against}" if against else "") + ")")
+          + (f"; {'socket path' if sock == 'socket' else 'default path'} {against}" if against else "") + ")")
     if med(mem, "lat_us") and med(shm, "lat_us"):
         w(f"  (the same-host WRITE's own floor, mem_pingpong: {fmt(med(mem, 'lat_us'))} us = "
           f"{med(mem, 'lat_us') / med(shm, 'lat_us'):.2f}x fi_pingpong shm 64 B: a pwrite on the peer's "

@@ -891,9 +891,15 @@ def med(case, metric):
     return s["median"] if s else None
 
 
+def socket_case_variant(cases):
+    """The variant of softrdma's socket-path cases: 'socket' where they ran with --socket-env, else
+    'default' (--socket-env none: the targets read the default path's cases)."""
+    return "socket" if any(c.variant == "socket" for c in cases) else "default"
+
+
 def targets(cases):
     """Issue 6's targets: (name, softrdma figure, peer figure, ratio, limit, met)."""
-    sock = "socket" if any(c.variant == "socket" for c in cases) else "default"
+    sock = socket_case_variant(cases)
 
     def sr(test, size, qps=1, variant=sock):
         return find(cases, "softrdma", test, "sr_lo", size, qps, variant)
@@ -1090,7 +1096,7 @@ def table(cases, meta, tgts):
     w("targets (issue 6): ratio = softrdma / peer, of medians from this run; run by run: the ratios of the runs of")
     w("  one pass (run k of each; the cases of a pass run one after the other), whose spread shows how far the")
     w("  machine's changing speed moves the ratio of medians")
-    if not any(c.variant == "socket" for c in cases):
+    if socket_case_variant(cases) != "socket":
         w("  (socket path = softrdma's default here: --socket-env none kept the same-host path on for them)")
     mach = find(cases, "floor", "machine", "cpu", 0)
     if med(mach, "pause_lost_pct") is not None:
@@ -1107,7 +1113,7 @@ def table(cases, meta, tgts):
     (plain, rc), (shm, mem), (sock_ev, block), (host_ev, _) = beside_targets(cases)
     if med(plain, "lat_us") and med(rc, "lat_us"):
         # softrdma's own share of the socket-path latency targets: their figures against this floor.
-        sock = "socket" if any(c.variant == "socket" for c in cases) else "default"
+        sock = socket_case_variant(cases)
         mine = [(t, find(cases, "softrdma", t, "sr_lo", 8, 1, sock)) for t in ("ib_write_lat", "ib_send_lat")]
         against = "; ".join(f"{t} {fmt(med(c, 'lat_us'))} us = {med(c, 'lat_us') / med(rc, 'lat_us'):.2f}x it"
                             for t, c in mine if med(c, "lat_us"))

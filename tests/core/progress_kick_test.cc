@@ -1,6 +1,9 @@
-// The progress thread (src/engine/progress.cc) and the timers that application threads arm while it goes
-// to sleep: a timer armed after the thread read the deadlines for its sleep must still end that sleep.
+// The progress thread (src/engine/progress.cc) and what application threads do while it goes to sleep or
+// wakes: a timer armed after the thread read the deadlines for its sleep must still end that sleep, and a
+// packet that wakes it while an application thread drives is left to that thread.
 #include <gtest/gtest.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -17,48 +20,91 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// A place where one thread stops once, when armed, until the test opens it.
+class Gate {
+ public:
+  void arm() {
+    std::lock_guard g(mu_);
+    armed_ = true;
+  }
+  // Called by the thread to stop: returns at once unless armed, else when opened.
+  void pass() {
+    std::unique_lock g(mu_);
+    if (!armed_) return;
+    armed_ = false;
+    stopped_ = true;
+    cv_.notify_all();
+    cv_.wait(g, [this] { return !stopped_; });
+  }
+  bool wait_stopped() {  // true once a thread stopped there (false after 5 s)
+    std::unique_lock g(mu_);
+    return cv_.wait_for(g, 5s, [this] { return stopped_; });
+  }
+  void open() {
+    std::lock_guard g(mu_);
+    stopped_ = false;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool armed_ = false, stopped_ = false;
+};
+
 // A backend with no network: what is sent is counted and goes nowhere, nothing ever arrives. The test can
-// hold the progress thread in before_sleep(), which it calls after it read the deadlines for its sleep.
+// stop the progress thread in before_sleep(), which it calls after it read the deadlines for its sleep;
+// stop one other thread in its next receive call (a driver busy); and wake the progress thread as a
+// packet would (arrive(): its fd becomes readable, though the receive calls still find nothing).
 class HoldingBackend : public io::Backend {
  public:
-  HoldingBackend() { wire::Gid::parse("10.9.8.7", &addr_); }
+  HoldingBackend() : fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) { wire::Gid::parse("10.9.8.7", &addr_); }
+  ~HoldingBackend() override { close(fd_); }
   std::expected<uint16_t, int> open_port(uint16_t port) override { return port ? port : 0x4000; }
   void close_port(uint16_t) override {}
   void tx_burst(std::span<io::TxPacket> pkts) override { sent.fetch_add(pkts.size()); }
-  uint32_t rx_burst(io::RxPacket*, uint32_t) override { return 0; }
-  int poll_fd() const override { return -1; }
+  uint32_t rx_burst(io::RxPacket*, uint32_t) override {
+    if (std::this_thread::get_id() != rx_thread_) return 0;
+    holder_rx_calls.fetch_add(1);
+    rx_gate.pass();
+    return 0;
+  }
+  int poll_fd() const override { return fd_; }
   const wire::Gid& local_addr() const override { return addr_; }
-
+  void sockets_readable() override { readable_.store(true); }
   void before_sleep() override {
+    if (readable_.load()) {
+      std::lock_guard g(mu_);
+      slept_after_readable_ = true;
+      cv_.notify_all();
+    }
+    sleep_gate.pass();
+  }
+
+  // The calling thread's receive calls are counted, and its next one stops at rx_gate if that is armed.
+  void hold_rx_here() { rx_thread_ = std::this_thread::get_id(); }
+  void arrive() {
+    const uint64_t one = 1;
+    ASSERT_EQ(write(fd_, &one, sizeof one), static_cast<ssize_t>(sizeof one));
+  }
+  // Waits until the progress thread saw its fd readable and then began a sleep (false after `t`).
+  bool wait_sleep_after_readable(std::chrono::milliseconds t) {
     std::unique_lock g(mu_);
-    if (!hold_) return;
-    hold_ = false;
-    held_ = true;
-    cv_.notify_all();
-    cv_.wait(g, [this] { return !held_; });
-  }
-  // The progress thread's next sleep stops in before_sleep(); true once it is there (false after 5 s).
-  void hold_next() {
-    std::lock_guard g(mu_);
-    hold_ = true;
-  }
-  bool wait_held() {
-    std::unique_lock g(mu_);
-    return cv_.wait_for(g, 5s, [this] { return held_; });
-  }
-  void release() {
-    std::lock_guard g(mu_);
-    held_ = false;
-    cv_.notify_all();
+    return cv_.wait_for(g, t, [this] { return slept_after_readable_; });
   }
 
   std::atomic<uint64_t> sent{0};
+  std::atomic<int> holder_rx_calls{0};
+  Gate sleep_gate, rx_gate;
 
  private:
+  int fd_;
   wire::Gid addr_;
+  std::atomic<std::thread::id> rx_thread_;
+  std::atomic<bool> readable_{false};
   std::mutex mu_;
   std::condition_variable cv_;
-  bool hold_ = false, held_ = false;
+  bool slept_after_readable_ = false;
 };
 
 // An RC QP connected to a peer that never answers, so that its first send arms the retransmit timer.
@@ -99,9 +145,9 @@ TEST(ProgressKick, TimerArmedWhileTheThreadGoesToSleepEndsThatSleep) {
   core::Context ctx(&be, &counters, core::ContextConfig{});
   QpToNowhere q(ctx, 10);  // 4096 ns << 10: an ACK timeout of 4.2 ms
   engine::Progress progress(&ctx);
-  be.hold_next();  // its first sleep: nothing is armed yet
+  be.sleep_gate.arm();  // its first sleep: nothing is armed yet
   ASSERT_EQ(progress.start(), 0);
-  ASSERT_TRUE(be.wait_held());
+  ASSERT_TRUE(be.sleep_gate.wait_stopped());
 
   core::SendWr wr;  // an empty SEND: one packet, no memory
   wr.wr_id = 1;
@@ -109,7 +155,7 @@ TEST(ProgressKick, TimerArmedWhileTheThreadGoesToSleepEndsThatSleep) {
   size_t bad;
   ASSERT_EQ(q.qp->post_send(std::span(&wr, 1), &bad), 0);
   EXPECT_EQ(be.sent.load(), 1u);
-  be.release();
+  be.sleep_gate.open();
 
   // The ACK timeout fires within milliseconds and sends the packet again; 2 s allows for a loaded machine.
   // (The timeout is counted before the packet is sent again: wait for both. Under TSan a check between
@@ -120,6 +166,46 @@ TEST(ProgressKick, TimerArmedWhileTheThreadGoesToSleepEndsThatSleep) {
     std::this_thread::sleep_for(1ms);
   EXPECT_GE(counters.get(Counter::retry_timeouts), 1u) << "the thread slept through the timer";
   EXPECT_GE(be.sent.load(), 2u);
+  progress.stop();
+}
+
+// ib_write_bw's sender: its application polls without a pause, and the ACKs that come wake the progress
+// thread while that application is inside its drive. The thread leaves the packets to it: it asks it to
+// read the sockets once more before it lets go (the packet may have come after its last read) and goes
+// back to sleep. Before, the thread waited for the driver to finish, spinning and yielding: runnable all
+// the while beside the threads that move the data (Progress::on_packets_while_app_polls).
+TEST(ProgressKick, PacketsThatComeWhileTheApplicationDrivesAreLeftToIt) {
+  HoldingBackend be;
+  Counters counters;
+  core::Context ctx(&be, &counters, core::ContextConfig{});
+  engine::Progress progress(&ctx);
+  ASSERT_EQ(progress.start(), 0);
+  // An application thread that busy-polls, marked so throughout as its polls of an empty CQ mark it.
+  std::atomic<bool> done{false};
+  std::thread marker([&] {
+    while (!done.load()) {
+      ctx.set_app_driving(ctx.now());
+      std::this_thread::sleep_for(100us);
+    }
+  });
+  // Its drive, held in the receive call. (The progress thread may hold the driver for a moment: retry.)
+  be.rx_gate.arm();
+  std::thread app([&] {
+    be.hold_rx_here();
+    io::TxBatch tx;
+    tx.sink = &be;
+    while (ctx.drive(tx, ctx.now(), false) < 0) std::this_thread::yield();
+  });
+  ASSERT_TRUE(be.rx_gate.wait_stopped());
+  be.arrive();
+  EXPECT_TRUE(be.wait_sleep_after_readable(2000ms))
+      << "the progress thread, woken while the application drove, did not go back to sleep";
+  be.rx_gate.open();
+  app.join();
+  EXPECT_EQ(be.holder_rx_calls.load(), 2)
+      << "the driver did not read the sockets once more for the progress thread";
+  done.store(true);
+  marker.join();
   progress.stop();
 }
 

@@ -58,9 +58,9 @@ struct Side {
 };
 
 std::unique_ptr<Side> make_side(const std::string& dir, uint64_t netns = 0, uint32_t slots = 64,
-                                bool prewarm = true) {
+                                bool prewarm = true, const wire::Gid& addr = loopback()) {
   auto s = std::make_unique<Side>();
-  auto udp = UdpIo::create(loopback(), &s->counters);
+  auto udp = UdpIo::create(addr, &s->counters);
   if (!udp) return nullptr;
   ShmIo::Config cfg;
   cfg.dir = dir;
@@ -278,6 +278,33 @@ TEST(ShmRing, SmallPacketsStayInTheirSlotLongerOnesInTheirOwnBulkBuffer) {
     EXPECT_EQ(ring.data(s, shm::kSlotData), b);
     for (const uint8_t* other : bulk) EXPECT_GE(std::abs(b - other), ptrdiff_t{shm::kSlotData});
     bulk.push_back(b);
+  }
+}
+
+// Each packet comes with its sender's address, which is its ring's (RingEntry::owner_addr) rather than its
+// slot's: two senders of different addresses (127.0.0.1 and 127.0.0.2) into one port, their packets in turn.
+TEST(ShmIo, EachPacketComesWithItsSendersAddress) {
+  TempDir dir;
+  auto a = make_side(dir.path), b = make_side(dir.path);
+  auto c = make_side(dir.path, 0, 64, true, wire::Gid::from_v4(htonl(0x7F000002)));
+  ASSERT_TRUE(a && b && c);
+  ASSERT_NE(a->ep().addr, c->ep().addr);
+  ASSERT_TRUE(a->io->reaches(b->ep()));
+  ASSERT_TRUE(c->io->reaches(b->ep()));
+  const std::vector<uint8_t> payload(24, 5);  // with the BTH, an 8-byte WRITE's 36 bytes and then some
+  for (uint32_t round = 0; round < 3; ++round) {
+    for (Side* from : {a.get(), c.get()}) {
+      TxPacket p;
+      make_packet(p, *from, b->ep(), round * 2 + (from == c.get()), payload);
+      from->io->tx_burst(std::span(&p, 1));
+    }
+  }
+  std::vector<wire::Endpoint> srcs;
+  auto got = receive(*b, 6, 2000, &srcs);
+  ASSERT_EQ(got.size(), 6u);
+  for (uint32_t i = 0; i < got.size(); ++i) {
+    const uint32_t psn = wire::load_be24(got[i].data() + 9);
+    EXPECT_EQ(srcs[i], psn % 2 == 1 ? c->ep() : a->ep()) << "packet of PSN " << psn;
   }
 }
 

@@ -83,6 +83,7 @@ struct ShmIo::OwnPort {
     bool prewarmed = false;              // warmed up when the port opened (prewarm_first_ring)
     std::atomic<uint64_t> head{0};       // next position to read (read by arm_wakeup from another thread)
     uint64_t released = 0;               // positions below this are given back to the producers
+    wire::Gid src;                       // its sender's address (RingEntry::owner_addr, read at each claim)
   };
   uint16_t port = 0;
   std::atomic<bool> open{false};
@@ -443,6 +444,7 @@ void ShmIo::scan_entries(OwnPort& o, uint64_t gen) {
         // and the first iteration of same-host ib_send_lat took 0.4-1.1 ms with it.)
         if (!active && !r.prewarmed) r.untouched.store(true, std::memory_order_relaxed);
         r.epoch = epoch;
+        std::memcpy(r.src.raw.data(), e.owner_addr, sizeof e.owner_addr);  // written before the epoch
         r.head.store(0, std::memory_order_relaxed);
         r.released = 0;
         r.active.store(true, std::memory_order_release);
@@ -495,7 +497,7 @@ uint32_t ShmIo::rx_rings(RxPacket* out, uint32_t room, uint64_t now) {
           continue;
         }
         RxPacket& p = out[got];
-        std::memcpy(p.src.addr.raw.data(), s->src_addr, 16);
+        p.src.addr = r.src;
         p.src.port = s->src_port;
         p.dst = wire::Endpoint{local_addr(), o.port};
         p.data = r.ring.data(s, len);
@@ -685,7 +687,7 @@ void ShmIo::tx_burst(std::span<TxPacket> pkts) {
       ++full;
       continue;
     }
-    shm::fill_slot(peer->ring, s, p, static_cast<uint32_t>(len), local_addr());
+    shm::fill_slot(peer->ring, s, p, static_cast<uint32_t>(len));
     Ring::publish(s, pos);
     ++sent;
     bytes += len + wire::kIcrcLen;
@@ -894,6 +896,7 @@ ShmIo::Peer* ShmIo::open_peer(const wire::Endpoint& dst, bool cold_bulk) {
   e.owner_pid = pid_;
   e.owner_start_time = start_time_;
   e.owner_pidns = pidns_;
+  std::memcpy(e.owner_addr, local_addr().raw.data(), sizeof e.owner_addr);
   peer->epoch = e.epoch.load(std::memory_order_relaxed) + 1;
   e.epoch.store(peer->epoch, std::memory_order_release);
   e.state.store(RingEntry::kReady, std::memory_order_release);

@@ -30,9 +30,9 @@
 namespace softrdma::io::shm {
 
 inline constexpr uint64_t kPortMagic = 0x54524f504d485352ull;  // "RSHMPORT" as little-endian bytes
-inline constexpr uint32_t kVersion = 3;
+inline constexpr uint32_t kVersion = 4;
 inline constexpr uint32_t kMaxRings = 32;      // sending contexts per receiving port (more fall back to UDP)
-inline constexpr uint32_t kSlotHeader = 32;
+inline constexpr uint32_t kSlotHeader = 16;
 inline constexpr uint32_t kSlotBytes = 128;
 inline constexpr uint32_t kInlineData = kSlotBytes - kSlotHeader;  // a packet this long stays in its slot
 inline constexpr uint32_t kSlotData = 4224;  // BTH .. pad of the largest packet: 64 B headers + 4096 + pad
@@ -44,16 +44,21 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t
 
 inline constexpr uint32_t kLenAwaitsAck = 1u << 31;  // Slot::len: the packet's flags had io::kAwaitsAck
 
+// The sender's address is its ring's (RingEntry::owner_addr), not each slot's: with it in the slot, a
+// packet of 33-48 bytes (an 8-byte WRITE, 36) ran into the slot's second cache line, one more line to pass
+// from the producer's CPU to the consumer's on the way of each same-host ping-pong.
 struct alignas(64) Slot {
   std::atomic<uint64_t> seq;  // == position: free for the producer of that position; == position + 1: full
   uint32_t len;  // bytes of data: BTH .. pad (no ICRC), here if <= kInlineData, else in bulk; | kLenAwaitsAck
   uint16_t src_port;
   uint8_t tos;
   uint8_t ttl;
-  uint8_t src_addr[16];  // the sender's GID
   uint8_t inline_data[kInlineData];
 };
 static_assert(sizeof(Slot) == kSlotBytes && offsetof(Slot, inline_data) == kSlotHeader);
+static_assert(kSlotHeader + 48 <= 64,
+              "packets up to 48 bytes (an atomic's 40, an 8-byte WRITE's 36) share "
+              "their slot's first cache line with its sequence word");
 
 struct alignas(64) RingHeader {
   std::atomic<uint64_t> tail;  // next position a producer claims
@@ -77,7 +82,8 @@ struct alignas(64) RingEntry {
   uint32_t reserved0;
   uint64_t owner_start_time;  // /proc/<pid>/stat field 22: tells a reused pid apart
   uint64_t owner_pidns;       // a pid means something only in its pid namespace
-  uint8_t reserved[32];
+  uint8_t owner_addr[16];     // the sending context's GID: the source of every packet in the ring
+  uint8_t reserved[16];
 };
 static_assert(sizeof(RingEntry) == 64);
 
@@ -215,7 +221,7 @@ inline uint64_t slot_len(const TxPacket& p) {
 }
 
 // Copies a packet of slot_len(p) == len <= kSlotData bytes into slot s of `ring`.
-inline void fill_slot(const Ring& ring, Slot* s, const TxPacket& p, uint32_t len, const wire::Gid& src_addr) {
+inline void fill_slot(const Ring& ring, Slot* s, const TxPacket& p, uint32_t len) {
   uint8_t* d = ring.data(s, len);
   std::memcpy(d, p.hdr, p.hdr_len);
   d += p.hdr_len;
@@ -229,7 +235,6 @@ inline void fill_slot(const Ring& ring, Slot* s, const TxPacket& p, uint32_t len
   s->src_port = p.src.port;
   s->tos = 0;
   s->ttl = 64;
-  std::memcpy(s->src_addr, src_addr.raw.data(), 16);
 }
 
 }  // namespace softrdma::io::shm

@@ -47,6 +47,8 @@ class Progress {
   static constexpr core::Nanos kWatchAfterNotifyNs = 10'000'000;
   // The last wake-up by packets beside a polling application found some unread (on_packets_while_app_polls).
   bool packets_found_ = true;
+  // The last wake-up by packets found the application driving and left them to it (hand_over).
+  bool handed_over_ = false;
   std::atomic<bool> stop_{false};
   std::atomic<bool> sleeping_{false};
   // When the current sleep ends by itself (kNoTimer: never; 0: not known yet, so every kick wakes).

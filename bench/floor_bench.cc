@@ -64,6 +64,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -476,6 +477,12 @@ int64_t work_batch_ns() {
   return now_ns() - t0;
 }
 
+int64_t median(std::vector<int64_t> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
 void spin_and_record(int cpu, double seconds, Pauses* out) {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -502,14 +509,7 @@ void spin_and_record(int cpu, double seconds, Pauses* out) {
   // a ping-pong or a stream of two processes).
   std::vector<int64_t> batches;
   for (int b = 0; b < kWorkBatches; ++b) batches.push_back(work_batch_ns());
-  std::nth_element(batches.begin(), batches.begin() + kWorkBatches / 2, batches.end());
-  out->work_ns = batches[kWorkBatches / 2];
-}
-
-int64_t median(std::vector<int64_t> v) {
-  if (v.empty()) return 0;
-  std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
-  return v[v.size() / 2];
+  out->work_ns = median(std::move(batches));
 }
 
 int machine(double seconds) {

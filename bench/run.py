@@ -1106,10 +1106,10 @@ def table(cases, meta, tgts):
           f"the long ones every {fmt(med(mach, 'pause_period_ms'))} ms: {fmt(med(mach, 'pause_lost_pct'))}% of its "
           "time, which every latency mean here includes, the floors' too)")
     if med(mach, "cpu_speed_spread") is not None:
-        spread = [r["cpu_speed_spread"] for r in mach.runs if "cpu_speed_spread" in r]
-        w(f"  (the CPUs' speeds, floor-bench machine: the slowest CPU took {fmt(med(mach, 'cpu_speed_spread'))}x as "
-          f"long as the fastest for the same chain of integer steps, run by run {fmt(min(spread))}-"
-          f"{fmt(max(spread))}x; a process on a slow CPU is slow in every figure, its peer's wait included)")
+        spread = summary(mach)["cpu_speed_spread"]
+        w(f"  (the CPUs' speeds, floor-bench machine: the slowest CPU took {fmt(spread['median'])}x as "
+          f"long as the fastest for the same chain of integer steps, run by run {fmt(spread['min'])}-"
+          f"{fmt(spread['max'])}x; a process on a slow CPU is slow in every figure, its peer's wait included)")
     (plain, rc), (shm, mem), (sock_ev, block), (host_ev, _) = beside_targets(cases)
     if med(plain, "lat_us") and med(rc, "lat_us"):
         # softrdma's own share of the socket-path latency targets: their figures against this floor.

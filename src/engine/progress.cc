@@ -286,6 +286,7 @@ void Progress::run() {
       continue;
     }
     napping = false;
+    handed_over_ = false;  // it describes the wake-up just before a sleep beside the application
     const bool run_timers = now >= tick_at;
     const int got = ctx_->drive(tx_, now, run_timers);
     if (got >= 0) woken_by_packets = false;

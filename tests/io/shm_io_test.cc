@@ -281,6 +281,81 @@ TEST(ShmRing, SmallPacketsStayInTheirSlotLongerOnesInTheirOwnBulkBuffer) {
   }
 }
 
+// Two packets sent together to one peer share a slot when both fit in its inline room (a ping-pong's
+// request and the ACK it carries: one cache line between the CPUs, not two): 8 small packets in one burst
+// fit a ring of 4 slots. Received one per call, each comes whole, in order, with its flags; the slot is
+// given back only once both halves went.
+TEST(ShmIo, TwoSmallPacketsSentTogetherShareASlot) {
+  TempDir dir;
+  auto a = make_side(dir.path), b = make_side(dir.path, 0, 4);
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(a->io->reaches(b->ep()));
+  std::vector<std::vector<uint8_t>> payloads;
+  std::vector<TxPacket> pkts(8);
+  for (uint32_t i = 0; i < pkts.size(); ++i)
+    payloads.emplace_back(i % 2 == 0 ? 24 : 4, static_cast<uint8_t>(i));
+  for (uint32_t round = 0; round < 3; ++round) {  // three laps of the ring
+    for (uint32_t i = 0; i < pkts.size(); ++i) {
+      make_packet(pkts[i], *a, b->ep(), round * 8 + i, payloads[i]);
+      pkts[i].flags = i % 2 == 0 ? kAwaitsAck : 0;  // a lone WRITE's mark, not its ACK's
+    }
+    a->io->tx_burst(pkts);
+    RxPacket rx[1];
+    for (uint32_t i = 0; i < pkts.size(); ++i) {
+      uint32_t n = 0;
+      for (int tries = 0; tries < 1000 && n == 0; ++tries) n = b->io->rx_burst(rx, 1);
+      ASSERT_EQ(n, 1u) << "round " << round << " packet " << i;
+      ASSERT_EQ(rx[0].len, wire::kBthLen + payloads[i].size());
+      EXPECT_EQ(wire::load_be24(rx[0].data + 9), round * 8 + i);
+      EXPECT_TRUE(std::equal(payloads[i].begin(), payloads[i].end(), rx[0].data + wire::kBthLen));
+      EXPECT_EQ(rx[0].flags, pkts[i].flags);
+      EXPECT_EQ(rx[0].src, a->ep());
+    }
+    EXPECT_EQ(b->io->rx_burst(rx, 1), 0u);  // (and gives the last slot back)
+  }
+  EXPECT_EQ(a->counters.get(Counter::drop_shm_ring_full), 0u);
+  EXPECT_EQ(b->counters.get(Counter::rx_shm_packets), 24u);
+}
+
+// A slot whose two lengths do not fit its inline room (another process wrote it) is dropped and counted,
+// and the ring goes on.
+TEST(ShmIo, ASlotWhosePacketsDoNotFitIsDroppedAndTheRingGoesOn) {
+  TempDir dir;
+  auto a = make_side(dir.path), b = make_side(dir.path, 0, 4);
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(a->io->reaches(b->ep()));
+  const int fd = open(b->io->port_path(b->ep()).c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  struct stat st;
+  ASSERT_EQ(fstat(fd, &st), 0);
+  void* map = mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  ASSERT_NE(map, MAP_FAILED);
+  const auto* hdr = static_cast<const shm::PortHeader*>(map);
+  uint32_t ready = shm::kMaxRings;
+  for (uint32_t i = 0; i < shm::kMaxRings && ready == shm::kMaxRings; ++i)
+    if (hdr->rings[i].state.load() == shm::RingEntry::kReady) ready = i;
+  ASSERT_LT(ready, shm::kMaxRings);
+  shm::Ring ring(static_cast<uint8_t*>(map) + hdr->rings_offset + ready * hdr->ring_stride, hdr->nslots);
+  const std::vector<uint8_t> payload(4, 9);
+  TxPacket pkts[2];
+  for (uint32_t i = 0; i < 2; ++i) make_packet(pkts[i], *a, b->ep(), i, payload);
+  a->io->tx_burst(pkts);
+  shm::Slot* s = ring.peek(0);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->len >> 16 & shm::kLenMask, wire::kBthLen + 4) << "the second packet shares the slot";
+  s->len = (shm::kInlineData - 8) << 16 | 16;  // 16 + 108 bytes: more than the room
+  EXPECT_TRUE(receive(*b, 1, 50).empty());
+  EXPECT_EQ(b->counters.get(Counter::drop_truncated), 1u);
+  for (uint32_t i = 0; i < 2; ++i) make_packet(pkts[i], *a, b->ep(), 2 + i, payload);
+  a->io->tx_burst(pkts);
+  auto got = receive(*b, 2);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(wire::load_be24(got[0].data() + 9), 2u);
+  EXPECT_EQ(wire::load_be24(got[1].data() + 9), 3u);
+  munmap(map, st.st_size);
+}
+
 // Each packet comes with its sender's address, which is its ring's (RingEntry::owner_addr) rather than its
 // slot's: two senders of different addresses (127.0.0.1 and 127.0.0.2) into one port, their packets in turn.
 TEST(ShmIo, EachPacketComesWithItsSendersAddress) {

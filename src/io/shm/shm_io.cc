@@ -83,6 +83,7 @@ struct ShmIo::OwnPort {
     bool prewarmed = false;              // warmed up when the port opened (prewarm_first_ring)
     std::atomic<uint64_t> head{0};       // next position to read (read by arm_wakeup from another thread)
     uint64_t released = 0;               // positions below this are given back to the producers
+    uint32_t part = 0;                   // packets of the slot at `head` already handed out
     wire::Gid src;                       // its sender's address (RingEntry::owner_addr, read at each claim)
   };
   uint16_t port = 0;
@@ -446,6 +447,7 @@ void ShmIo::scan_entries(OwnPort& o, uint64_t gen) {
         r.epoch = epoch;
         std::memcpy(r.src.raw.data(), e.owner_addr, sizeof e.owner_addr);  // written before the epoch
         r.head.store(0, std::memory_order_relaxed);
+        r.part = 0;
         r.released = 0;
         r.active.store(true, std::memory_order_release);
       }
@@ -489,38 +491,53 @@ uint32_t ShmIo::rx_rings(RxPacket* out, uint32_t room, uint64_t now) {
       while (got < room) {
         Slot* s = r.ring.peek(head);
         if (s == nullptr) break;
-        ++head;
+        // Written by another process: read once, and checked.
         const uint32_t word = s->len;
-        const uint32_t len = word & ~shm::kLenAwaitsAck;
-        if (len < wire::kBthLen || len > shm::kSlotData) {  // written by another process: checked
+        const uint32_t lens[2] = {word & shm::kLenMask, word >> 16 & shm::kLenMask};
+        const uint32_t n = lens[1] != 0 ? 2 : 1;
+        if (lens[0] < wire::kBthLen || lens[0] > shm::kSlotData ||
+            (n == 2 && (lens[1] < wire::kBthLen || lens[0] + lens[1] > shm::kInlineData))) {
           ++truncated;
+          ++head;
+          r.part = 0;
           continue;
         }
-        RxPacket& p = out[got];
-        p.src.addr = r.src;
-        p.src.port = s->src_port;
-        p.dst = wire::Endpoint{local_addr(), o.port};
-        p.data = r.ring.data(s, len);
-        p.len = len;
-        p.tos = s->tos;
-        p.ttl = s->ttl;
-        p.flags = (word & shm::kLenAwaitsAck) != 0 ? kAwaitsAck : 0;
-        bytes += len + wire::kIcrcLen;
-        if (faults_) {
-          // A flipped bit is what the ICRC check would catch on a socket: dropped as such. A slot holds no
-          // ICRC, so the bit is one of the packet's `len` bytes: with the ICRC's 4 counted in, a flip could
-          // land in the next slot, on its sequence word when the packet filled its slot, and that ring then
-          // stopped for good (e2e.soak_corrupt hung about once in 20 runs under load, a producer spinning).
-          if (faults_->maybe_corrupt(p.data, len)) {
-            ++corrupted;
+        uint8_t* const first = r.ring.data(s, lens[0]);
+        uint32_t k = r.part;  // packets of this slot handed out by an earlier call
+        for (; k < n && got < room; ++k) {
+          const uint32_t len = lens[k];
+          RxPacket& p = out[got];
+          p.src.addr = r.src;
+          p.src.port = s->src_port;
+          p.dst = wire::Endpoint{local_addr(), o.port};
+          p.data = k == 0 ? first : first + lens[0];
+          p.len = len;
+          p.tos = s->tos;
+          p.ttl = s->ttl;
+          p.flags = (word >> 16 * k & shm::kLenAwaitsAck) != 0 ? kAwaitsAck : 0;
+          bytes += len + wire::kIcrcLen;
+          if (faults_) {
+            // A flipped bit is what the ICRC check would catch on a socket: dropped as such. A slot holds no
+            // ICRC, so the bit is one of the packet's `len` bytes: with the ICRC's 4 counted in, a flip could
+            // land in the next slot, on its sequence word when the packet filled its slot, and that ring then
+            // stopped for good (e2e.soak_corrupt hung about once in 20 runs under load, a producer spinning).
+            if (faults_->maybe_corrupt(p.data, len)) {
+              ++corrupted;
+              continue;
+            }
+            if (faults_->on_packet(p, now) != RxFaults::Verdict::kDeliver) continue;
+            ++got;
+            got += faults_->after_deliver(p, out + got, room - got, now);
             continue;
           }
-          if (faults_->on_packet(p, now) != RxFaults::Verdict::kDeliver) continue;
           ++got;
-          got += faults_->after_deliver(p, out + got, room - got, now);
-          continue;
         }
-        ++got;
+        if (k < n) {  // the rest of the slot in the next call; the slot is given back once all of it went
+          r.part = k;
+          break;
+        }
+        r.part = 0;
+        ++head;
       }
       if (head != r.head.load(std::memory_order_relaxed) && r.untouched.load(std::memory_order_relaxed))
         touch_pending_.store(true, std::memory_order_release);
@@ -688,9 +705,20 @@ void ShmIo::tx_burst(std::span<TxPacket> pkts) {
       continue;
     }
     shm::fill_slot(peer->ring, s, p, static_cast<uint32_t>(len));
-    Ring::publish(s, pos);
     ++sent;
     bytes += len + wire::kIcrcLen;
+    if (i + 1 < pkts.size() && len <= shm::kInlineData) {
+      const TxPacket& q = pkts[i + 1];
+      const uint64_t qlen = shm::slot_len(q);
+      if (q.dst == peer_ep && q.src.port == p.src.port && q.hdr_len >= wire::kBthLen &&
+          q.hdr_len <= kMaxHdr && q.n_iov <= kMaxPayloadIov && len + qlen <= shm::kInlineData) {
+        shm::add_to_slot(s, q, static_cast<uint32_t>(len), static_cast<uint32_t>(qlen));
+        ++sent;
+        bytes += qlen + wire::kIcrcLen;
+        run = ++i + 1;
+      }
+    }
+    Ring::publish(s, pos);
     bool listed = false;
     for (uint32_t k = 0; k < n_wake && !listed; ++k) listed = to_wake[k] == peer;
     if (!listed) {

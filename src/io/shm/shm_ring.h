@@ -5,13 +5,13 @@
 //   port file: PortHeader (4 KiB) | ring 0 | ring 1 | ... | ring kMaxRings-1
 //   ring:      RingHeader (64 B) | slot 0 | ... | slot nslots-1 | bulk 0 | ... | bulk nslots-1
 //
-// A slot (128 B) holds a packet's metadata and, when it fits in kInlineData bytes, the packet itself; a
-// longer packet goes in the slot's bulk buffer (4,224 B) instead. Small packets so touch 32 slots per page
-// rather than a page each: a ping-pong runs through a ring's slots at 2 per round trip, and where each page
-// is slow at its first access, the ring's first lap cost a page per packet (on the project's VM, in about
-// half the runs, about 3.5 us at each page's first access by each side although both had written it
-// before, cause not found: 8-byte same-host ib_send_lat ran its first 1,024 round trips at 6-7 us, 0.95
-// after).
+// A slot (128 B) holds a packet's metadata and, when it fits in kInlineData bytes, the packet itself (or
+// two sent together that both fit: Slot); a longer packet goes in the slot's bulk buffer (4,224 B)
+// instead. Small packets so touch 32 slots per page rather than a page each: a ping-pong ran through a
+// ring's slots at 2 per round trip, and where each page is slow at its first access, the ring's first lap
+// cost a page per packet (on the project's VM, in about half the runs, about 3.5 us at each page's first
+// access by each side although both had written it before, cause not found: 8-byte same-host
+// ib_send_lat ran its first 1,024 round trips at 6-7 us, 0.95 after).
 //
 // A ring is a bounded multi-producer, single-consumer queue of fixed-size slots (Vyukov's bounded queue): the
 // threads of one sending context claim slots with a CAS on `tail`, fill them and publish each by storing
@@ -30,9 +30,9 @@
 namespace softrdma::io::shm {
 
 inline constexpr uint64_t kPortMagic = 0x54524f504d485352ull;  // "RSHMPORT" as little-endian bytes
-inline constexpr uint32_t kVersion = 4;
+inline constexpr uint32_t kVersion = 5;
 inline constexpr uint32_t kMaxRings = 32;      // sending contexts per receiving port (more fall back to UDP)
-inline constexpr uint32_t kSlotHeader = 16;
+inline constexpr uint32_t kSlotHeader = 12;
 inline constexpr uint32_t kSlotBytes = 128;
 inline constexpr uint32_t kInlineData = kSlotBytes - kSlotHeader;  // a packet this long stays in its slot
 inline constexpr uint32_t kSlotData = 4224;  // BTH .. pad of the largest packet: 64 B headers + 4096 + pad
@@ -42,23 +42,33 @@ static_assert(kSlotData >= kMaxHdr + 4096 + 3);
 static_assert(kSlotData % 64 == 0);
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
 
-inline constexpr uint32_t kLenAwaitsAck = 1u << 31;  // Slot::len: the packet's flags had io::kAwaitsAck
+// Slot::len holds a packet's length in each half: the low half the first packet's, the high half a second
+// one's, 0 when the slot holds one. A packet's half is its bytes (BTH .. pad, no ICRC) | kLenAwaitsAck.
+inline constexpr uint32_t kLenAwaitsAck = 1u << 15;  // the packet's flags had io::kAwaitsAck
+inline constexpr uint32_t kLenMask = kLenAwaitsAck - 1;
+static_assert(kSlotData <= kLenMask);
 
 // The sender's address is its ring's (RingEntry::owner_addr), not each slot's: with it in the slot, a
 // packet of 33-48 bytes (an 8-byte WRITE, 36) ran into the slot's second cache line, one more line to pass
-// from the producer's CPU to the consumer's on the way of each same-host ping-pong.
+// from the producer's CPU to the consumer's on the way of each same-host ping-pong. For the same reason two
+// packets sent together to one peer share a slot when both fit in it (the second's half of `len`): a
+// ping-pong's request and the ACK of the peer's previous one, which came in two slots, two lines.
 struct alignas(64) Slot {
-  std::atomic<uint64_t> seq;  // == position: free for the producer of that position; == position + 1: full
-  uint32_t len;  // bytes of data: BTH .. pad (no ICRC), here if <= kInlineData, else in bulk; | kLenAwaitsAck
+  // The low 32 bits of a position (a ring is far shorter than 2^31 slots, so they tell laps apart):
+  // == position: free for the producer of that position; == position + 1: full.
+  std::atomic<uint32_t> seq;
+  // The packets' halves (above): in inline_data if the first is <= kInlineData bytes (and any second),
+  // else in the slot's bulk buffer.
+  uint32_t len;
   uint16_t src_port;
   uint8_t tos;
   uint8_t ttl;
   uint8_t inline_data[kInlineData];
 };
 static_assert(sizeof(Slot) == kSlotBytes && offsetof(Slot, inline_data) == kSlotHeader);
-static_assert(kSlotHeader + 48 <= 64,
-              "packets up to 48 bytes (an atomic's 40, an 8-byte WRITE's 36) share "
-              "their slot's first cache line with its sequence word");
+static_assert(kSlotHeader + 36 + 16 <= 64,
+              "an 8-byte WRITE (36 bytes) and an ACK (16) share their slot's first cache line with its "
+              "sequence word");
 
 struct alignas(64) RingHeader {
   std::atomic<uint64_t> tail;  // next position a producer claims
@@ -172,8 +182,8 @@ class Ring {
     uint64_t p = hdr_->tail.load(std::memory_order_relaxed);
     for (;;) {
       Slot& s = slots_[p & mask_];
-      const uint64_t seq = s.seq.load(std::memory_order_acquire);
-      const auto dif = static_cast<int64_t>(seq - p);
+      const uint32_t seq = s.seq.load(std::memory_order_acquire);
+      const auto dif = static_cast<int32_t>(seq - static_cast<uint32_t>(p));
       if (dif == 0) {
         if (hdr_->tail.compare_exchange_weak(p, p + 1, std::memory_order_relaxed)) {
           *pos = p;
@@ -192,18 +202,22 @@ class Ring {
       }
     }
   }
-  static void publish(Slot* s, uint64_t pos) { s->seq.store(pos + 1, std::memory_order_release); }
+  static void publish(Slot* s, uint64_t pos) {
+    s->seq.store(static_cast<uint32_t>(pos + 1), std::memory_order_release);
+  }
 
   // Consumer: the slot at `pos` if it is full (its contents are then visible), else null.
   Slot* peek(uint64_t pos) const {
     Slot& s = slots_[pos & mask_];
-    return s.seq.load(std::memory_order_acquire) == pos + 1 ? &s : nullptr;
+    return s.seq.load(std::memory_order_acquire) == static_cast<uint32_t>(pos + 1) ? &s : nullptr;
   }
   uint64_t tail() const { return hdr_->tail.load(std::memory_order_acquire); }  // the next position claimed
   bool readable(uint64_t pos) const {
-    return slots_[pos & mask_].seq.load(std::memory_order_seq_cst) == pos + 1;
+    return slots_[pos & mask_].seq.load(std::memory_order_seq_cst) == static_cast<uint32_t>(pos + 1);
   }
-  void release(uint64_t pos) { slots_[pos & mask_].seq.store(pos + nslots_, std::memory_order_release); }
+  void release(uint64_t pos) {
+    slots_[pos & mask_].seq.store(static_cast<uint32_t>(pos + nslots_), std::memory_order_release);
+  }
 
  private:
   RingHeader* hdr_ = nullptr;
@@ -220,9 +234,12 @@ inline uint64_t slot_len(const TxPacket& p) {
   return len;
 }
 
-// Copies a packet of slot_len(p) == len <= kSlotData bytes into slot s of `ring`.
-inline void fill_slot(const Ring& ring, Slot* s, const TxPacket& p, uint32_t len) {
-  uint8_t* d = ring.data(s, len);
+inline uint32_t len_half(const TxPacket& p, uint32_t len) {
+  return len | ((p.flags & kAwaitsAck) != 0 ? kLenAwaitsAck : 0u);
+}
+
+// Copies packet p's slot_len(p) bytes to d.
+inline void copy_packet(uint8_t* d, const TxPacket& p) {
   std::memcpy(d, p.hdr, p.hdr_len);
   d += p.hdr_len;
   for (uint32_t k = 0; k < p.n_iov; ++k) {
@@ -231,10 +248,22 @@ inline void fill_slot(const Ring& ring, Slot* s, const TxPacket& p, uint32_t len
     d += p.iov[k].iov_len;
   }
   std::memset(d, 0, p.pad & 3u);
-  s->len = len | ((p.flags & kAwaitsAck) != 0 ? kLenAwaitsAck : 0u);
+}
+
+// Copies a packet of slot_len(p) == len <= kSlotData bytes into slot s of `ring`.
+inline void fill_slot(const Ring& ring, Slot* s, const TxPacket& p, uint32_t len) {
+  copy_packet(ring.data(s, len), p);
+  s->len = len_half(p, len);
   s->src_port = p.src.port;
   s->tos = 0;
   s->ttl = 64;
+}
+
+// Adds packet p (`len` bytes, from the same port) after the one packet of `first` bytes in slot s, which
+// both fit in: first + len <= kInlineData.
+inline void add_to_slot(Slot* s, const TxPacket& p, uint32_t first, uint32_t len) {
+  copy_packet(s->inline_data + first, p);
+  s->len |= len_half(p, len) << 16;
 }
 
 }  // namespace softrdma::io::shm

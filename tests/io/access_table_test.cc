@@ -66,6 +66,26 @@ TEST(AccessTable, ReaderChecksQpMrAndRange) {
   EXPECT_EQ(x.write(0x100000, 10), -1);
 }
 
+// A peer with no MR whose pages may be mapped answers an op that wants only those (a lone WRITE that takes
+// the ring otherwise) at its header, and says so once one is published.
+TEST(AccessTable, SharedOnlyOpsStopAtTheHeaderUntilAnMrHasPagesToMap) {
+  Table x;
+  const auto* h = static_cast<const AccessHeader*>(x.t->map());
+  EXPECT_EQ(h->any_shared.load(), 0u);
+  LocalSeg seg{x.src.data(), 10};
+  DirectOp op{false, 0x777, 0x12345, 0x100000, 0xABCD01, 10, &seg, 1, true};
+  EXPECT_EQ(AccessTable::direct(x.t->map(), AccessTable::file_bytes(), getpid(), op, nullptr), -1);
+  EXPECT_EQ(x.mem[0], 0);
+  EXPECT_EQ(x.write(0x100000, 10), 0);  // the other ways still go
+  EXPECT_EQ(x.mem[0], 0x5A);
+  const SharedPages pages{.id = 7, .fd = -1, .ino = 1, .file_off = 0, .addr = 0, .len = 4096};
+  x.t->publish_mr({.key = 0xABCD02, .access = kAccRemoteWrite, .pd = 3, .iova = 0, .length = 4096, .addr = 0},
+                  &pages);
+  EXPECT_EQ(h->any_shared.load(), 1u);
+  x.t->withdraw_mr(0xABCD02);
+  EXPECT_EQ(h->any_shared.load(), 1u) << "never back to 0";
+}
+
 // A UC QP's entry: only a UC op may use it (and an RC op only an RC entry), only a WRITE, and one from a QP
 // that sent packets only once the responder published the PSN after the last of them.
 TEST(AccessTable, UcWritesWaitForThePsnAfterThePacketsBefore) {

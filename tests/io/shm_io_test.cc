@@ -20,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -894,6 +895,51 @@ TEST(ShmIo, PublishMrHasTheKernelReadTheResidentPages) {
   EXPECT_EQ(a->counters.get(Counter::mr_pages_touched), 2u);
   a.reset();
   munmap(mem, len);
+}
+
+// Several senders at once, each in its own ring: the receiver, reading a few packets per call, gets every
+// sender's packets in that sender's order; two senders leave (their rings go back) and the others go on.
+TEST(ShmIo, ManySendersAtOnceEachInOrder) {
+  TempDir dir;
+  auto b = make_side(dir.path);
+  ASSERT_TRUE(b);
+  std::vector<std::unique_ptr<Side>> senders;
+  for (int i = 0; i < 6; ++i) {
+    senders.push_back(make_side(dir.path));
+    ASSERT_TRUE(senders.back());
+  }
+  const std::vector<uint8_t> payload(16, 3);
+  auto round = [&](uint32_t first_psn) {
+    uint32_t sent = 0;
+    for (uint32_t k = 0; k < senders.size(); ++k) {
+      if (!senders[k]) continue;
+      std::vector<TxPacket> pkts(5);
+      for (uint32_t i = 0; i < pkts.size(); ++i)
+        make_packet(pkts[i], *senders[k], b->ep(), first_psn + i, payload);
+      senders[k]->io->tx_burst(pkts);
+      sent += 5;
+    }
+    std::map<uint16_t, uint32_t> next;  // by sender port: the PSN expected next
+    uint32_t got = 0;
+    RxPacket rx[4];
+    const auto end = Clock::now() + std::chrono::seconds(2);
+    while (got < sent && Clock::now() < end) {
+      const uint32_t n = b->io->rx_burst(rx, 4);
+      for (uint32_t i = 0; i < n; ++i, ++got) {
+        auto [it, fresh] = next.try_emplace(rx[i].src.port, first_psn);
+        EXPECT_EQ(wire::load_be24(rx[i].data + 9), it->second++) << "from port " << rx[i].src.port;
+      }
+    }
+    EXPECT_EQ(got, sent);
+    for (auto& [port, psn] : next) EXPECT_EQ(psn, first_psn + 5) << "from port " << port;
+  };
+  round(0);
+  senders[1].reset();
+  senders[4].reset();
+  receive(*b, 1, 5);  // the receiver frees their rings
+  round(100);
+  round(200);
+  EXPECT_EQ(b->counters.get(Counter::rx_shm_packets), 6u * 5 + 2 * 4u * 5);
 }
 
 TEST(ShmIo, SenderThatLeavesGivesItsRingBack) {

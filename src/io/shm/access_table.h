@@ -36,7 +36,7 @@ class CopyHelper;
 class PeerMaps;
 
 inline constexpr uint64_t kAccessMagic = 0x53524143434553ull;  // "SRACCES"
-inline constexpr uint32_t kAccessVersion = 3;
+inline constexpr uint32_t kAccessVersion = 4;
 inline constexpr uint32_t kMrSlots = 1u << 15;  // an MR with no room near its slot is not published
 inline constexpr uint32_t kQpSlots = 1u << 14;  // by the low bits of the QPN (a collision: no direct path)
 inline constexpr uint32_t kMaxProbe = 64;
@@ -87,6 +87,10 @@ struct AccessHeader {
   int32_t pid;
   uint64_t start_time;
   uint64_t pidns;
+  // 1 once an MR with pages a peer may map (SharedMr::share_id) was published, before its entry; never
+  // back to 0. A peer that asks only for those (DirectOp::shared_only: a lone WRITE that takes the ring
+  // otherwise) stops here while it is 0.
+  std::atomic<uint32_t> any_shared;
 };
 
 // The file of one context, as its owner writes it.

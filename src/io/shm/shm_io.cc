@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -98,6 +99,11 @@ struct ShmIo::OwnPort {
   std::atomic<bool> closing_pending{false};
   uint32_t rr = 0;  // the ring read first, round robin
   RxRing rx[shm::kMaxRings];
+  // Bit i: rx[i].active, as the receive path (one caller at a time) keeps it. Its loops visit these rings
+  // only: looking at all 32 for the one a ping-pong reads, an empty poll of the rings took 194 TSC cycles
+  // (rdtsc around rx_rings, same-host 8-byte ib_write_lat), against 26-50 so.
+  uint32_t active_mask = 0;
+  static_assert(shm::kMaxRings == 32, "a mask of 32 bits");
 };
 
 struct ShmIo::Peer {
@@ -450,6 +456,7 @@ void ShmIo::scan_entries(OwnPort& o, uint64_t gen) {
         r.part = 0;
         r.released = 0;
         r.active.store(true, std::memory_order_release);
+        o.active_mask |= 1u << i;
       }
     } else if (st == RingEntry::kClosing) {
       if (active && r.ring.peek(r.head.load(std::memory_order_relaxed)) != nullptr) {
@@ -457,11 +464,13 @@ void ShmIo::scan_entries(OwnPort& o, uint64_t gen) {
         continue;
       }
       r.active.store(false, std::memory_order_release);
+      o.active_mask &= ~(1u << i);
       uint32_t expected = RingEntry::kClosing;
       if (e.state.compare_exchange_strong(expected, RingEntry::kFree, std::memory_order_acq_rel))
         o.hdr->gen.fetch_add(1, std::memory_order_acq_rel);
     } else if (active) {
       r.active.store(false, std::memory_order_release);
+      o.active_mask &= ~(1u << i);
     }
   }
   o.closing_pending.store(pending, std::memory_order_relaxed);
@@ -475,8 +484,8 @@ uint32_t ShmIo::rx_rings(RxPacket* out, uint32_t room, uint64_t now) {
     OwnPort& o = own_[k];
     if (!o.open.load(std::memory_order_acquire)) continue;
     // What the previous call handed out is given back first.
-    for (OwnPort::RxRing& r : o.rx) {
-      if (!r.active.load(std::memory_order_relaxed)) continue;
+    for (uint32_t m = o.active_mask; m != 0; m &= m - 1) {
+      OwnPort::RxRing& r = o.rx[std::countr_zero(m)];
       const uint64_t head = r.head.load(std::memory_order_relaxed);
       while (r.released != head) r.ring.release(r.released++);
     }
@@ -484,9 +493,9 @@ uint32_t ShmIo::rx_rings(RxPacket* out, uint32_t room, uint64_t now) {
     if (gen != o.seen_gen.load(std::memory_order_relaxed) ||
         o.closing_pending.load(std::memory_order_relaxed))
       scan_entries(o, gen);
-    for (uint32_t j = 0; j < shm::kMaxRings && got < room; ++j) {
-      OwnPort::RxRing& r = o.rx[(o.rr + j) % shm::kMaxRings];
-      if (!r.active.load(std::memory_order_relaxed)) continue;
+    // The active rings from o.rr on (bit j of the rotated mask: ring o.rr + j).
+    for (uint32_t m = std::rotr(o.active_mask, static_cast<int>(o.rr)); m != 0 && got < room; m &= m - 1) {
+      OwnPort::RxRing& r = o.rx[(o.rr + static_cast<uint32_t>(std::countr_zero(m))) % shm::kMaxRings];
       uint64_t head = r.head.load(std::memory_order_relaxed);
       while (got < room) {
         Slot* s = r.ring.peek(head);

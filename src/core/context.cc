@@ -516,8 +516,10 @@ int Context::drive(io::TxBatch& tx, Nanos now, bool run_timers) {
       total += static_cast<int>(n);
       // The clock is read per burst: the ACKs of one burst can release many packets to send, and a
       // retransmit deadline armed from a clock frozen at the start of this loop would fire early. (The
-      // caller's `now` may be a few microseconds old: it is used only when nothing arrives.)
-      now = this->now();
+      // caller's `now` may be a few microseconds old: it is used only when nothing arrives.) The backend's
+      // read as its receive began will do, where it made one (the same-host backend's).
+      const uint64_t rx_clock = cfg_.clock ? 0 : backend_->rx_clock();
+      now = rx_clock != 0 ? rx_clock : this->now();
       rx_burst(std::span(pkts, n), tx, now);
       // (The timers below take this `now`, older by the last burst's work: one due meanwhile runs in the
       // next drive. Read again after the loop, it was one of the five clock reads, 60 TSC cycles each, of

@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "io/clock.h"
 #include "io/sys.h"
 #include "wire/headers.h"
 
@@ -940,6 +941,24 @@ TEST(ShmIo, ManySendersAtOnceEachInOrder) {
   round(100);
   round(200);
   EXPECT_EQ(b->counters.get(Counter::rx_shm_packets), 6u * 5 + 2 * 4u * 5);
+}
+
+// rx_clock: the CLOCK_MONOTONIC time a receive read as it began, which its caller takes for the packets.
+TEST(ShmIo, AReceiveSaysTheTimeItRead) {
+  TempDir dir;
+  auto a = make_side(dir.path), b = make_side(dir.path);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(b->io->rx_clock(), 0u) << "no receive yet";
+  TxPacket p;
+  make_packet(p, *a, b->ep(), 1, std::vector<uint8_t>(8, 1));
+  a->io->tx_burst(std::span(&p, 1));
+  RxPacket rx[4];
+  const uint64_t before = monotonic_ns();
+  const uint32_t n = b->io->rx_burst(rx, 4);
+  const uint64_t after = monotonic_ns();
+  EXPECT_EQ(n, 1u);
+  EXPECT_GE(b->io->rx_clock(), before);
+  EXPECT_LE(b->io->rx_clock(), after);
 }
 
 TEST(ShmIo, SenderThatLeavesGivesItsRingBack) {

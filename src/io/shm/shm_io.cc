@@ -581,6 +581,7 @@ uint32_t ShmIo::rx_burst(RxPacket* out, uint32_t max) {
   // epoll watches the sockets (a nap of a doorbell backend watches them too): its sockets_readable makes
   // the next call read them, whoever makes it.
   const uint64_t t = monotonic_ns();
+  rx_clock_ = t;
   const bool read_udp = faults_ != nullptr || t >= rings_busy_until_ || t - udp_read_at_ >= udp_gap_ns_ ||
                         (udp_readable_.load(std::memory_order_relaxed) &&
                          udp_readable_.exchange(false, std::memory_order_relaxed));

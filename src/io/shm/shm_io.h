@@ -96,6 +96,7 @@ class ShmIo : public Backend {
   // same call). They stay valid until the next call.
   uint32_t rx_burst(RxPacket* out, uint32_t max) override;
   bool rx_drained() const override { return drained_; }
+  uint64_t rx_clock() const override { return rx_clock_; }
   int poll_fd() const override { return udp_->poll_fd(); }
   const wire::Gid& local_addr() const override { return udp_->local_addr(); }
   bool arm_wakeup() override;
@@ -194,6 +195,7 @@ class ShmIo : public Backend {
   static constexpr uint64_t kUdpPollGapMaxNs = 64'000;
   static constexpr uint64_t kRingsBusyNs = 100'000;
   uint64_t udp_read_at_ = 0;
+  uint64_t rx_clock_ = 0;  // rx_clock()
   uint64_t udp_gap_ns_ = kUdpPollGapNs;
   // The progress thread's epoll saw a socket's data (sockets_readable): the next rx_burst reads it.
   std::atomic<bool> udp_readable_{false};

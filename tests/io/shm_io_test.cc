@@ -949,8 +949,9 @@ TEST(ShmIo, AReceiveSaysTheTimeItRead) {
   auto a = make_side(dir.path), b = make_side(dir.path);
   ASSERT_TRUE(a && b);
   EXPECT_EQ(b->io->rx_clock(), 0u) << "no receive yet";
+  const std::vector<uint8_t> payload(8, 1);  // (the packet points into it until it is sent)
   TxPacket p;
-  make_packet(p, *a, b->ep(), 1, std::vector<uint8_t>(8, 1));
+  make_packet(p, *a, b->ep(), 1, payload);
   a->io->tx_burst(std::span(&p, 1));
   RxPacket rx[4];
   const uint64_t before = monotonic_ns();

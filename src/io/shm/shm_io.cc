@@ -681,6 +681,15 @@ int ShmIo::app_wait_fds(pollfd* fds, int max) {
 
 // ---- Transmit ----
 
+namespace {
+// The bytes packet p takes in a ring (shm::slot_len), or 0 when a ring cannot carry it.
+uint64_t ring_len(const TxPacket& p) {
+  if (p.hdr_len < wire::kBthLen || p.hdr_len > kMaxHdr || p.n_iov > kMaxPayloadIov) return 0;
+  const uint64_t len = shm::slot_len(p);
+  return len <= shm::kSlotData ? len : 0;
+}
+}  // namespace
+
 void ShmIo::tx_burst(std::span<TxPacket> pkts) {
   const uint64_t now = coarse_now_ns();
   size_t run = 0;  // start of the packets not yet handed to UDP
@@ -701,10 +710,8 @@ void ShmIo::tx_burst(std::span<TxPacket> pkts) {
       peer_ep = p.dst;
       have_peer = true;
     }
-    if (peer == nullptr || p.hdr_len < wire::kBthLen || p.hdr_len > kMaxHdr || p.n_iov > kMaxPayloadIov)
-      continue;  // UDP carries it (or drops and counts it)
-    const uint64_t len = shm::slot_len(p);
-    if (len > shm::kSlotData) continue;
+    const uint64_t len = peer != nullptr ? ring_len(p) : 0;
+    if (len == 0) continue;  // UDP carries it (or drops and counts it)
     if (i > run) udp_->tx_burst(pkts.subspan(run, i - run));
     run = i + 1;
     uint64_t pos;
@@ -719,9 +726,8 @@ void ShmIo::tx_burst(std::span<TxPacket> pkts) {
     bytes += len + wire::kIcrcLen;
     if (i + 1 < pkts.size() && len <= shm::kInlineData) {
       const TxPacket& q = pkts[i + 1];
-      const uint64_t qlen = shm::slot_len(q);
-      if (q.dst == peer_ep && q.src.port == p.src.port && q.hdr_len >= wire::kBthLen &&
-          q.hdr_len <= kMaxHdr && q.n_iov <= kMaxPayloadIov && len + qlen <= shm::kInlineData) {
+      const uint64_t qlen = q.dst == peer_ep && q.src.port == p.src.port ? ring_len(q) : 0;
+      if (qlen != 0 && len + qlen <= shm::kInlineData) {
         shm::add_to_slot(s, q, static_cast<uint32_t>(len), static_cast<uint32_t>(qlen));
         ++sent;
         bytes += qlen + wire::kIcrcLen;

@@ -50,6 +50,7 @@ namespace softrdma {
   X(tx_shm_packets, "packets sent through shared memory (same host; also in tx_packets)")                    \
   X(rx_shm_packets, "packets received through shared memory (also in rx_packets)")                           \
   X(drop_shm_ring_full, "dropped: the peer's shared-memory ring was full")                                   \
+  X(tx_shm_streamed, "of tx_shm_packets, long ones copied into the ring with streaming stores")              \
   X(shm_doorbells, "wake-ups sent to a sleeping same-host peer")                                             \
   X(shm_rings_warmed, "same-host rings warmed up after their first packet")                                  \
   X(shm_rings_prewarmed, "same-host rings warmed up when their port opened")                                 \

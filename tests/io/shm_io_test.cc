@@ -420,6 +420,44 @@ TEST(ShmIo, CarriesPacketsAroundTheInlineSizeWhole) {
   EXPECT_EQ(b->counters.get(Counter::rx_shm_packets), pkts.size());
 }
 
+// Long packets copied into the ring with streaming stores (SOFTRDMA_SHM_STREAM=1; stream_copy.h) arrive
+// whole, as with memcpy (=0, and the default); only those of kStreamMinBytes or more are streamed, and
+// counted.
+TEST(ShmIo, LongPacketsCopiedWithStreamingStoresArriveWhole) {
+  TempDir dir;
+  const size_t least = ShmIo::kStreamMinBytes - wire::kBthLen;  // the shortest payload streamed (no pad)
+  const std::vector<size_t> sizes = {least - 1, least, 4096,        1,
+                                     3001,      4093,  least + 100, 2 * shm::kStreamMinPiece};
+  const std::vector<uint32_t> pads = {0, 0, 0, 3, 1, 3, 2, 0};
+  std::vector<std::vector<uint8_t>> payloads;
+  uint64_t long_ones = 0;
+  for (uint32_t i = 0; i < sizes.size(); ++i) {
+    payloads.emplace_back(sizes[i]);
+    for (size_t k = 0; k < sizes[i]; ++k) payloads[i][k] = static_cast<uint8_t>(k * 13 + i);
+    long_ones += wire::kBthLen + sizes[i] + pads[i] >= ShmIo::kStreamMinBytes ? 1 : 0;
+  }
+  for (const char* mode : {"1", "0", ""}) {
+    auto a = mode[0] != 0 ? make_side_with(dir.path, ShmIo::kStreamEnv, mode) : make_side(dir.path);
+    auto b = make_side(dir.path);
+    ASSERT_TRUE(a && b);
+    std::vector<TxPacket> pkts(sizes.size());
+    for (uint32_t i = 0; i < pkts.size(); ++i) make_packet(pkts[i], *a, b->ep(), i, payloads[i], pads[i]);
+    a->io->tx_burst(pkts);
+    auto got = receive(*b, pkts.size());
+    ASSERT_EQ(got.size(), pkts.size()) << "mode " << mode;
+    for (uint32_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i].size(), wire::kBthLen + sizes[i] + pads[i]) << "mode " << mode << " packet " << i;
+      EXPECT_EQ(wire::load_be24(got[i].data() + 9), i);
+      EXPECT_TRUE(std::equal(payloads[i].begin(), payloads[i].end(), got[i].begin() + wire::kBthLen))
+          << "mode " << mode << " packet " << i;
+      EXPECT_TRUE(std::all_of(got[i].end() - pads[i], got[i].end(), [](uint8_t x) { return x == 0; }));
+    }
+    const bool streams = shm::kCanStream && mode[0] == '1';
+    EXPECT_EQ(a->counters.get(Counter::tx_shm_streamed), streams ? long_ones : 0) << "mode " << mode;
+    EXPECT_EQ(a->counters.get(Counter::tx_shm_packets), pkts.size());
+  }
+}
+
 // Before a ring is in use, touch_pages writes one byte in every page of it (the bulk buffers' pages hold
 // no slot's beginning, which init() reaches) and never a sequence word (the ring header's tail, a slot's
 // seq), so that the ring then works as any other.

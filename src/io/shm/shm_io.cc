@@ -242,9 +242,13 @@ ShmIo::ShmIo(std::unique_ptr<UdpIo> udp, Counters* counters, const Config& cfg)
 std::expected<std::unique_ptr<ShmIo>, int> ShmIo::create(std::unique_ptr<UdpIo> udp, Counters* counters,
                                                          const Config& cfg) {
   if (!udp || !valid_slots(cfg.ring_slots)) return std::unexpected(EINVAL);
+  Config c = cfg;
+  if (const char* v = std::getenv(kStreamEnv); v != nullptr && (v[0] == '0' || v[0] == '1') && v[1] == 0)
+    c.stream = v[0] == '1';
+  c.stream = c.stream && shm::kCanStream;
   struct stat st;
   if (stat(cfg.dir.c_str(), &st) != 0) return std::unexpected(errno);
-  std::unique_ptr<ShmIo> io(new (std::nothrow) ShmIo(std::move(udp), counters, cfg));
+  std::unique_ptr<ShmIo> io(new (std::nothrow) ShmIo(std::move(udp), counters, c));
   if (!io) return std::unexpected(ENOMEM);
   io->netns_ = cfg.netns != 0 ? cfg.netns : namespace_inode("net");
   if (io->netns_ == 0) return std::unexpected(ENOTSUP);  // no way to keep namespaces apart
@@ -697,7 +701,7 @@ void ShmIo::tx_burst(std::span<TxPacket> pkts) {
   Peer* to_wake[kMaxWake];
   uint16_t wake_port[kMaxWake];
   uint32_t n_wake = 0;
-  uint64_t sent = 0, bytes = 0, full = 0;
+  uint64_t sent = 0, bytes = 0, full = 0, streamed = 0;
   int64_t wait_budget = kFullWaitNs;
   Peer* peer = nullptr;
   wire::Endpoint peer_ep;
@@ -721,7 +725,9 @@ void ShmIo::tx_burst(std::span<TxPacket> pkts) {
       ++full;
       continue;
     }
-    shm::fill_slot(peer->ring, s, p, static_cast<uint32_t>(len));
+    const bool stream = cfg_.stream && len >= kStreamMinBytes;
+    shm::fill_slot(peer->ring, s, p, static_cast<uint32_t>(len), stream);
+    streamed += stream ? 1 : 0;
     ++sent;
     bytes += len + wire::kIcrcLen;
     if (i + 1 < pkts.size() && len <= shm::kInlineData) {
@@ -754,6 +760,7 @@ void ShmIo::tx_burst(std::span<TxPacket> pkts) {
     counters_->add(Counter::tx_bytes, bytes);
   }
   if (full != 0) counters_->add(Counter::drop_shm_ring_full, full);
+  if (streamed != 0) counters_->add(Counter::tx_shm_streamed, streamed);
 }
 
 // The ring is full: wake its receiver if it sleeps, and give it up to *budget (shared by one tx_burst) to

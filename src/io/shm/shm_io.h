@@ -42,6 +42,7 @@
 #include "io/shm/copy_helper.h"
 #include "io/shm/mr_share.h"
 #include "io/shm/shm_ring.h"
+#include "io/shm/stream_copy.h"
 #include "io/udp/fault_injector.h"
 #include "io/udp/udp_io.h"
 
@@ -68,7 +69,12 @@ class ShmIo : public Backend {
     uint32_t ring_slots = shm::kDefaultSlots;  // a power of two
     uint64_t netns = 0;                         // 0: this process's network namespace (tests set others)
     bool prewarm = true;                        // ring 0 warmed up when a port opens (prewarm_first_ring)
+    // Long packets (kStreamMinBytes or more) are copied into the rings with streaming stores
+    // (stream_copy.h); SOFTRDMA_SHM_STREAM=1 or 0 sets it.
+    bool stream = false;
   };
+  static constexpr const char* kStreamEnv = "SOFTRDMA_SHM_STREAM";
+  static constexpr uint64_t kStreamMinBytes = 1024;  // BTH to pad
   // A port's ring 0 is warmed up when it opens (Config::prewarm) only if its filesystem has room for this
   // many rings.
   static constexpr uint64_t kPrewarmFreeRings = 16;

@@ -26,6 +26,7 @@
 #include <cstring>
 
 #include "io/packet.h"
+#include "io/shm/stream_copy.h"
 
 namespace softrdma::io::shm {
 
@@ -238,21 +239,34 @@ inline uint32_t len_half(const TxPacket& p, uint32_t len) {
   return len | ((p.flags & kAwaitsAck) != 0 ? kLenAwaitsAck : 0u);
 }
 
-// Copies packet p's slot_len(p) bytes to d.
-inline void copy_packet(uint8_t* d, const TxPacket& p) {
+// Payload pieces this long are copied with streaming stores when the sender streams (stream_copy.h).
+inline constexpr size_t kStreamMinPiece = 256;
+
+// Copies packet p's slot_len(p) bytes to d; with `stream`, its long payload pieces by streaming stores,
+// fenced before it returns.
+inline void copy_packet(uint8_t* d, const TxPacket& p, bool stream = false) {
   std::memcpy(d, p.hdr, p.hdr_len);
   d += p.hdr_len;
+  bool streamed = false;
   for (uint32_t k = 0; k < p.n_iov; ++k) {
-    if (p.iov[k].iov_len == 0) continue;  // its base may be null
-    std::memcpy(d, p.iov[k].iov_base, p.iov[k].iov_len);
-    d += p.iov[k].iov_len;
+    const size_t n = p.iov[k].iov_len;
+    if (n == 0) continue;  // its base may be null
+    const auto* src = static_cast<const uint8_t*>(p.iov[k].iov_base);
+    if (stream && n >= kStreamMinPiece) {
+      copy_streaming(d, src, n);
+      streamed = true;
+    } else {
+      std::memcpy(d, src, n);
+    }
+    d += n;
   }
   std::memset(d, 0, p.pad & 3u);
+  if (streamed) stream_fence();  // before the slot's publication (a release store orders no streaming one)
 }
 
-// Copies a packet of slot_len(p) == len <= kSlotData bytes into slot s of `ring`.
-inline void fill_slot(const Ring& ring, Slot* s, const TxPacket& p, uint32_t len) {
-  copy_packet(ring.data(s, len), p);
+// Copies a packet of slot_len(p) == len <= kSlotData bytes into slot s of `ring` (`stream`: copy_packet).
+inline void fill_slot(const Ring& ring, Slot* s, const TxPacket& p, uint32_t len, bool stream = false) {
+  copy_packet(ring.data(s, len), p, stream);
   s->len = len_half(p, len);
   s->src_port = p.src.port;
   s->tos = 0;

@@ -421,14 +421,21 @@ TEST(ShmIo, CarriesPacketsAroundTheInlineSizeWhole) {
 }
 
 // Long packets copied into the ring with streaming stores (SOFTRDMA_SHM_STREAM=1; stream_copy.h) arrive
-// whole, as with memcpy (=0, and the default); only those of kStreamMinBytes or more are streamed, and
-// counted.
+// whole, as with memcpy (=0, and the default); only the pieces of kStreamMinPiece or more of the packets of
+// kStreamMinBytes or more are streamed, and those packets counted.
 TEST(ShmIo, LongPacketsCopiedWithStreamingStoresArriveWhole) {
   TempDir dir;
   const size_t least = ShmIo::kStreamMinBytes - wire::kBthLen;  // the shortest payload streamed (no pad)
-  const std::vector<size_t> sizes = {least - 1, least, 4096,        1,
-                                     3001,      4093,  least + 100, 2 * shm::kStreamMinPiece};
-  const std::vector<uint32_t> pads = {0, 0, 0, 3, 1, 3, 2, 0};
+  const std::vector<size_t> sizes = {least - 1,
+                                     least,
+                                     4096,
+                                     1,
+                                     3001,
+                                     4093,
+                                     least + 100,
+                                     2 * shm::kStreamMinPiece,
+                                     8 * shm::kStreamMinPiece - 8};
+  const std::vector<uint32_t> pads = {0, 0, 0, 3, 1, 3, 2, 0, 0};
   std::vector<std::vector<uint8_t>> payloads;
   uint64_t long_ones = 0;
   for (uint32_t i = 0; i < sizes.size(); ++i) {
@@ -436,12 +443,21 @@ TEST(ShmIo, LongPacketsCopiedWithStreamingStoresArriveWhole) {
     for (size_t k = 0; k < sizes[i]; ++k) payloads[i][k] = static_cast<uint8_t>(k * 13 + i);
     long_ones += wire::kBthLen + sizes[i] + pads[i] >= ShmIo::kStreamMinBytes ? 1 : 0;
   }
+  --long_ones;  // the last, in short pieces (below)
   for (const char* mode : {"1", "0", ""}) {
     auto a = mode[0] != 0 ? make_side_with(dir.path, ShmIo::kStreamEnv, mode) : make_side(dir.path);
     auto b = make_side(dir.path);
     ASSERT_TRUE(a && b);
     std::vector<TxPacket> pkts(sizes.size());
     for (uint32_t i = 0; i < pkts.size(); ++i) make_packet(pkts[i], *a, b->ep(), i, payloads[i], pads[i]);
+    // The last packet's payload in 8 pieces shorter than kStreamMinPiece: a long packet, streamed nowhere.
+    TxPacket& pieces = pkts.back();
+    const size_t piece = payloads.back().size() / 8;
+    ASSERT_LT(piece, shm::kStreamMinPiece);
+    pieces.n_iov = 8;
+    for (uint32_t k = 0; k < 8; ++k)
+      pieces.iov[k] =
+          iovec{payloads.back().data() + k * piece, k < 7 ? piece : payloads.back().size() - 7 * piece};
     a->io->tx_burst(pkts);
     auto got = receive(*b, pkts.size());
     ASSERT_EQ(got.size(), pkts.size()) << "mode " << mode;

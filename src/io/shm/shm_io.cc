@@ -725,9 +725,10 @@ void ShmIo::tx_burst(std::span<TxPacket> pkts) {
       ++full;
       continue;
     }
-    const bool stream = cfg_.stream && len >= kStreamMinBytes;
-    shm::fill_slot(peer->ring, s, p, static_cast<uint32_t>(len), stream);
-    streamed += stream ? 1 : 0;
+    streamed +=
+        shm::fill_slot(peer->ring, s, p, static_cast<uint32_t>(len), cfg_.stream && len >= kStreamMinBytes)
+            ? 1
+            : 0;
     ++sent;
     bytes += len + wire::kIcrcLen;
     if (i + 1 < pkts.size() && len <= shm::kInlineData) {

@@ -42,7 +42,6 @@
 #include "io/shm/copy_helper.h"
 #include "io/shm/mr_share.h"
 #include "io/shm/shm_ring.h"
-#include "io/shm/stream_copy.h"
 #include "io/udp/fault_injector.h"
 #include "io/udp/udp_io.h"
 

@@ -243,8 +243,8 @@ inline uint32_t len_half(const TxPacket& p, uint32_t len) {
 inline constexpr size_t kStreamMinPiece = 256;
 
 // Copies packet p's slot_len(p) bytes to d; with `stream`, its long payload pieces by streaming stores,
-// fenced before it returns.
-inline void copy_packet(uint8_t* d, const TxPacket& p, bool stream = false) {
+// fenced before it returns. Returns whether any piece was streamed.
+inline bool copy_packet(uint8_t* d, const TxPacket& p, bool stream = false) {
   std::memcpy(d, p.hdr, p.hdr_len);
   d += p.hdr_len;
   bool streamed = false;
@@ -262,15 +262,18 @@ inline void copy_packet(uint8_t* d, const TxPacket& p, bool stream = false) {
   }
   std::memset(d, 0, p.pad & 3u);
   if (streamed) stream_fence();  // before the slot's publication (a release store orders no streaming one)
+  return streamed;
 }
 
-// Copies a packet of slot_len(p) == len <= kSlotData bytes into slot s of `ring` (`stream`: copy_packet).
-inline void fill_slot(const Ring& ring, Slot* s, const TxPacket& p, uint32_t len, bool stream = false) {
-  copy_packet(ring.data(s, len), p, stream);
+// Copies a packet of slot_len(p) == len <= kSlotData bytes into slot s of `ring` (`stream`: copy_packet,
+// whose result it returns).
+inline bool fill_slot(const Ring& ring, Slot* s, const TxPacket& p, uint32_t len, bool stream = false) {
+  const bool streamed = copy_packet(ring.data(s, len), p, stream);
   s->len = len_half(p, len);
   s->src_port = p.src.port;
   s->tos = 0;
   s->ttl = 64;
+  return streamed;
 }
 
 // Adds packet p (`len` bytes, from the same port) after the one packet of `first` bytes in slot s, which

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "io/env.h"
 #include "io/sys.h"
 
 namespace softrdma::io::shm {
@@ -173,10 +174,7 @@ void child_after_fork() {
 
 }  // namespace
 
-bool share_mr_by_env() {
-  const char* v = getenv("SOFTRDMA_SHARE_MR");
-  return v != nullptr && std::strcmp(v, "1") == 0;
-}
+bool share_mr_by_env() { return env_opt_in("SOFTRDMA_SHARE_MR"); }
 
 std::optional<SharedPages> share_pages(const void* addr, uint64_t len) {
   const uint64_t page = page_bytes();

@@ -243,9 +243,7 @@ std::expected<std::unique_ptr<ShmIo>, int> ShmIo::create(std::unique_ptr<UdpIo> 
                                                          const Config& cfg) {
   if (!udp || !valid_slots(cfg.ring_slots)) return std::unexpected(EINVAL);
   Config c = cfg;
-  if (const char* v = std::getenv(kStreamEnv); v != nullptr && (v[0] == '0' || v[0] == '1') && v[1] == 0)
-    c.stream = v[0] == '1';
-  c.stream = c.stream && shm::kCanStream;
+  c.stream = (c.stream || env_opt_in(kStreamEnv)) && shm::kCanStream;
   struct stat st;
   if (stat(cfg.dir.c_str(), &st) != 0) return std::unexpected(errno);
   std::unique_ptr<ShmIo> io(new (std::nothrow) ShmIo(std::move(udp), counters, c));
@@ -725,10 +723,8 @@ void ShmIo::tx_burst(std::span<TxPacket> pkts) {
       ++full;
       continue;
     }
-    streamed +=
-        shm::fill_slot(peer->ring, s, p, static_cast<uint32_t>(len), cfg_.stream && len >= kStreamMinBytes)
-            ? 1
-            : 0;
+    if (shm::fill_slot(peer->ring, s, p, static_cast<uint32_t>(len), cfg_.stream && len >= kStreamMinBytes))
+      ++streamed;
     ++sent;
     bytes += len + wire::kIcrcLen;
     if (i + 1 < pkts.size() && len <= shm::kInlineData) {

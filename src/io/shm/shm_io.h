@@ -69,7 +69,7 @@ class ShmIo : public Backend {
     uint64_t netns = 0;                         // 0: this process's network namespace (tests set others)
     bool prewarm = true;                        // ring 0 warmed up when a port opens (prewarm_first_ring)
     // Long packets (kStreamMinBytes or more) are copied into the rings with streaming stores
-    // (stream_copy.h); SOFTRDMA_SHM_STREAM=1 or 0 sets it.
+    // (stream_copy.h); SOFTRDMA_SHM_STREAM=1 turns it on as well.
     bool stream = false;
   };
   static constexpr const char* kStreamEnv = "SOFTRDMA_SHM_STREAM";

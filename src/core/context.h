@@ -99,6 +99,13 @@ class Context {
     rescan_.store(true, std::memory_order_seq_cst);
     return driving_.load(std::memory_order_seq_cst);
   }
+  // How long the thread driving now has been in its drive (0: none drives). A drive that lasts is an
+  // application thread's whose polls keep finding work: the ACKs of a stream, each releasing packets to send.
+  Nanos driving_for(Nanos now) const {
+    if (!driving_.load(std::memory_order_relaxed)) return 0;
+    const Nanos began = drive_began_.load(std::memory_order_relaxed);
+    return now > began ? now - began : 0;
+  }
   // A post on this thread left WRs of QP `qpn` queued (Qp::post_send): this thread's next drive sends them
   // (an application polls its CQ after it posted), unless an ACK (RC) or the QP's cork timer (UC/UD) did.
   void corked(uint32_t qpn);
@@ -247,6 +254,7 @@ class Context {
   std::vector<Qp*> qps_;                             // every QP, for the timer scan
   std::atomic<uint64_t> driver_gen_{0};
   std::atomic<bool> driving_{false};    // one receiver at a time (io backends allow one rx caller)
+  std::atomic<Nanos> drive_began_{0};   // the `now` of the driver's drive (driving_for)
   std::atomic<bool> rescan_{false};     // hand_over: the driver reads the sockets once more
   std::atomic<bool> watch_asked_{false};  // kKickWatch
   std::atomic<Nanos> watch_asked_at_{0};

@@ -175,18 +175,18 @@ TEST(ProgressKick, TimerArmedWhileTheThreadGoesToSleepEndsThatSleep) {
   progress.stop();
 }
 
-// An application thread that busy-polls (marked so throughout, as its polls of an empty CQ mark it), held
-// inside its drive's receive call until release(). (The progress thread may hold the driver for a moment
-// when the drive begins: it retries.)
+// An application thread held inside its drive's receive call until release(); unless `marked` is false,
+// marked as busy-polling throughout, as its polls of an empty CQ mark it. (The progress thread may hold the
+// driver for a moment when the drive begins: it retries.)
 struct HeldDriver {
   HoldingBackend& be;
   core::Context& ctx;
   std::atomic<bool> done{false};
   std::thread marker, app;
 
-  HeldDriver(HoldingBackend& b, core::Context& c) : be(b), ctx(c) {
-    marker = std::thread([this] {
-      while (!done.load()) {
+  HeldDriver(HoldingBackend& b, core::Context& c, bool marked = true) : be(b), ctx(c) {
+    marker = std::thread([this, marked] {
+      while (marked && !done.load()) {
         ctx.set_app_driving(ctx.now());
         std::this_thread::sleep_for(100us);
       }
@@ -215,7 +215,7 @@ class ProgressBesideDriver : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_EQ(progress.start(), 0);
-    driver = std::make_unique<HeldDriver>(be, ctx);
+    driver = std::make_unique<HeldDriver>(be, ctx, marked_driver);
     ASSERT_TRUE(be.rx_gate.wait_stopped());
   }
   void TearDown() override {
@@ -228,6 +228,15 @@ class ProgressBesideDriver : public ::testing::Test {
   core::Context ctx{&be, &counters, core::ContextConfig{}};
   engine::Progress progress{&ctx};
   std::unique_ptr<HeldDriver> driver;
+  bool marked_driver = true;
+};
+
+class ProgressBesideLongDrive : public ProgressBesideDriver {
+ protected:
+  void SetUp() override {
+    marked_driver = false;
+    ProgressBesideDriver::SetUp();
+  }
 };
 
 // ib_write_bw's sender: its application polls without a pause, and the ACKs that come wake the progress
@@ -260,6 +269,34 @@ TEST_F(ProgressBesideDriver, APacketLeftToTheApplicationInARingIsNotLookedAtAgai
   be.ring_pending.store(false);
   driver->release();
   EXPECT_LT(looks, 2500) << "the thread looked at the ring again and again while the application drove";
+}
+
+// ib_write_bw's sender with many QPs: its polls keep finding ACKs, each releasing packets to send, so it
+// never has the run of empty polls that marks a busy-polling application, and its drives last. A drive
+// that has lasted (Context::driving_for) marks it so too, and the progress thread then sleeps beside it
+// as beside any polling application, not woken by every packet that comes meanwhile. Before, it slept
+// kBlockedSleepNs (20 us) at a time watching the sockets, woken by each ACK to find the drive still going
+// (socket-path ib_write_bw -q 64 -s 1M: 7,000-10,000 wake-ups a run on the peer's CPU, about one run in
+// three at half the bandwidth).
+TEST_F(ProgressBesideLongDrive, AnApplicationLongInItsDriveIsLeftToIt) {
+  const auto end = std::chrono::steady_clock::now() + 2s;
+  while (!ctx.app_driving(ctx.now(), 1'000'000) && std::chrono::steady_clock::now() < end) {
+    be.arrive();
+    std::this_thread::sleep_for(50us);
+  }
+  EXPECT_TRUE(ctx.app_driving(ctx.now(), 1'000'000))
+      << "an application in a drive of 2 s was not taken for a busy-polling one";
+  // 20 ms of packets every 50 us (400): each woke the thread before, and its 20 us sleeps ended more often
+  // still (300-400 sleeps); beside a polling application it naps (200 us or more) after each watch that a
+  // packet ends: 160 sleeps at the most, about 10 where naps end on the scheduler's tick.
+  const int before = be.sleeps.load();
+  for (int i = 0; i < 400; ++i) {
+    be.arrive();
+    std::this_thread::sleep_for(50us);
+  }
+  const int sleeps = be.sleeps.load() - before;
+  driver->release();
+  EXPECT_LT(sleeps, 220) << "the thread woke again and again while the application drove";
 }
 
 }  // namespace

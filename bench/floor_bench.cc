@@ -35,7 +35,10 @@
 //                                               at what period, and the share of its time they take; then
 //                                               each CPU's speed: a fixed chain of dependent multiply-adds
 //                                               on every CPU at once (ns per step, per CPU, and
-//                                               the slowest CPU's time over the fastest's)
+//                                               the slowest CPU's time over the fastest's); and the CPUs'
+//                                               placement: how long one cache line takes to go from the
+//                                               first CPU to the last and back, halved (two pinned threads
+//                                               passing a counter)
 //
 // Both sides of the ping-pong spin on non-blocking sockets (recv with MSG_DONTWAIT), as a busy-polling RDMA
 // application spins on its CQ, so the figure is the kernel's UDP loopback path and nothing else. The client
@@ -54,6 +57,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -483,11 +487,15 @@ int64_t median(std::vector<int64_t> v) {
   return v[v.size() / 2];
 }
 
-void spin_and_record(int cpu, double seconds, Pauses* out) {
+void pin_to(int cpu) {
   cpu_set_t set;
   CPU_ZERO(&set);
   CPU_SET(cpu, &set);
   sched_setaffinity(0, sizeof set, &set);  // best effort: a refused pin still measures some CPU
+}
+
+void spin_and_record(int cpu, double seconds, Pauses* out) {
+  pin_to(cpu);
   out->lengths.reserve(1 << 16);           // filled up to here: nothing is allocated while the thread spins
   out->periods.reserve(1 << 16);
   const int64_t start = now_ns(), end = start + static_cast<int64_t>(seconds * 1e9);
@@ -510,6 +518,60 @@ void spin_and_record(int cpu, double seconds, Pauses* out) {
   std::vector<int64_t> batches;
   for (int b = 0; b < kWorkBatches; ++b) batches.push_back(work_batch_ns());
   out->work_ns = median(std::move(batches));
+}
+
+// The CPUs' placement: two threads pinned to the first CPU and the last take turns at one counter, each
+// waiting (spinning) for the other's increment, so each turn moves the counter's cache line from one
+// CPU's cache to the other's. A VM's two virtual CPUs may share a cache or not, and which they are can
+// change within minutes (the project's VM, 2026-12-04/05: `fi_pingpong` shm at 0.23-0.4 us or 0.9-1.1;
+// every figure that moves data between the two processes moves with it). Returns the median over batches
+// of nanoseconds per hand-off, 0 with one CPU or when the other thread did not answer within a second.
+constexpr int kHandoffBatches = 7;
+constexpr uint64_t kHandoffTrips = 20'000;  // round trips per batch
+constexpr int64_t kHandoffLimitNs = 1'000'000'000;
+
+struct alignas(64) HandoffLine {
+  std::atomic<uint64_t> turn{0};
+};
+struct alignas(64) HandoffStop {
+  std::atomic<bool> stop{false};
+};
+
+// Waits until `line` holds `want`; false once the batch that began at `t0` ran out of time or `stop` is set.
+bool wait_turn(const HandoffLine& line, uint64_t want, const HandoffStop& stop, int64_t t0) {
+  for (uint32_t spins = 1; line.turn.load(std::memory_order_acquire) != want; ++spins) {
+    if ((spins & 1023) == 0 && (stop.stop.load(std::memory_order_relaxed) || now_ns() - t0 > kHandoffLimitNs))
+      return false;
+  }
+  return true;
+}
+
+double line_handoff_ns(unsigned cpus) {
+  if (cpus < 2) return 0;
+  HandoffLine line;
+  HandoffStop stop;
+  std::thread echo([&] {
+    pin_to(static_cast<int>(cpus - 1));
+    for (uint64_t k = 1;; k += 2) {
+      if (!wait_turn(line, k, stop, now_ns())) return;
+      line.turn.store(k + 1, std::memory_order_release);
+    }
+  });
+  pin_to(0);
+  std::vector<int64_t> per_handoff;  // picoseconds
+  uint64_t k = 0;
+  bool answered = true;
+  for (int b = 0; b < kHandoffBatches && answered; ++b) {
+    const int64_t t0 = now_ns();
+    for (uint64_t i = 0; i < kHandoffTrips && answered; ++i, k += 2) {
+      line.turn.store(k + 1, std::memory_order_release);
+      answered = wait_turn(line, k + 2, stop, t0);
+    }
+    if (answered) per_handoff.push_back((now_ns() - t0) * 1000 / static_cast<int64_t>(2 * kHandoffTrips));
+  }
+  stop.stop.store(true);
+  echo.join();
+  return answered ? static_cast<double>(median(std::move(per_handoff))) / 1e3 : 0.0;
 }
 
 int machine(double seconds) {
@@ -546,14 +608,15 @@ int machine(double seconds) {
                   static_cast<double>(p.work_ns) / static_cast<double>(kWorkSteps));
     work += b;
   }
+  const double handoff = line_handoff_ns(cpus);
   std::printf(
       "cpus=%u seconds=%.3f syscall_us=%.4f pauses_per_s=%.1f pause_median_us=%.1f pause_max_us=%.1f "
-      "pause_lost_pct=%.2f pause_period_ms=%.3f cpu_step_ns=%s cpu_speed_spread=%.2f\n",
+      "pause_lost_pct=%.2f pause_period_ms=%.3f cpu_step_ns=%s cpu_speed_spread=%.2f line_handoff_ns=%.1f\n",
       cpus, seconds, static_cast<double>(median(per_call)) / 1e6,
       secs > 0 ? static_cast<double>(lengths.size()) / secs : 0.0, static_cast<double>(median(lengths)) / 1e3,
       static_cast<double>(longest) / 1e3, secs > 0 ? lost / (secs * 1e9) * 100 : 0.0,
       static_cast<double>(median(periods)) / 1e6, work.c_str(),
-      fastest > 0 ? static_cast<double>(slowest) / static_cast<double>(fastest) : 0.0);
+      fastest > 0 ? static_cast<double>(slowest) / static_cast<double>(fastest) : 0.0, handoff);
   return 0;
 }
 

@@ -23,7 +23,9 @@ Runs on this machine, every process on 127.0.0.1:
              (kernel_copy_first) and second: what sendmmsg does with the socket path's payloads; and
              machine: a system call's cost (getppid), the pauses of a thread that spins alone on each
              CPU (printed beside the targets: every latency figure here includes them) and how much slower
-             the slowest CPU runs the same work than the fastest (cpu_speed_spread); and at 8 B
+             the slowest CPU runs the same work than the fastest (cpu_speed_spread), and how long a cache
+             line takes to go from one CPU to another (line_handoff_ns, per pass: the CPUs' placement,
+             which moves the figures of every transfer between two processes); and at 8 B
              udp_pingpong_block, the UDP ping-pong with blocking receives (ib_send_lat -e's floor)
 
 Every case runs --runs times (the cases interleaved, so that a change in the machine's load touches every
@@ -860,7 +862,7 @@ METRICS = ["bw", "rate", "lat_us", "lat_typical_us", "cpu_server_us", "cpu_clien
            "direct_per_op"]
 # floor-bench machine's figures (kind "machine"): printed beside the targets, not in the tables.
 MACHINE_METRICS = ["syscall_us", "pauses_per_s", "pause_median_us", "pause_max_us", "pause_lost_pct",
-                   "pause_period_ms", "cpu_speed_spread"]
+                   "pause_period_ms", "cpu_speed_spread", "line_handoff_ns"]
 
 
 def summary(case):
@@ -1110,6 +1112,14 @@ def table(cases, meta, tgts):
         w(f"  (the CPUs' speeds, floor-bench machine: the slowest CPU took {fmt(spread['median'])}x as "
           f"long as the fastest for the same chain of integer steps, run by run {fmt(spread['min'])}-"
           f"{fmt(spread['max'])}x; a process on a slow CPU is slow in every figure, its peer's wait included)")
+    handoffs = [r["line_handoff_ns"] for r in (mach.runs if mach else []) if r.get("line_handoff_ns")]
+    if handoffs:
+        # Pass by pass, beside the run-by-run ratios: a VM whose two CPUs share no cache in some minutes and one
+        # in others (README, "Long packets and the two CPUs") runs every transfer between two processes slower
+        # in the first, softrdma's and the peers' alike, and not always in the same minutes.
+        w(f"  (the CPUs' placement, floor-bench machine: a cache line went from one CPU to the other in "
+          f"{', '.join(fmt(h) for h in handoffs)} ns, pass by pass; a pass with a figure several times the others "
+          "ran where the CPUs share no cache, and its runs of data between two processes ran slower)")
     (plain, rc), (shm, mem), (sock_ev, block), (host_ev, _) = beside_targets(cases)
     if med(plain, "lat_us") and med(rc, "lat_us"):
         # softrdma's own share of the socket-path latency targets: their figures against this floor.
@@ -1294,6 +1304,8 @@ def main():
                       "syscall_us": "microseconds per getppid (the machine case)",
                       "cpu_speed_spread": "the slowest CPU's time over the fastest's for the same fixed work (the "
                                           "machine case)",
+                      "line_handoff_ns": "nanoseconds for a cache line to go from one CPU to another, two pinned "
+                                         "threads taking turns at a counter (the machine case)",
                       "pause*": "a spinning thread's stops of 10 us or more, per CPU: per second, their median "
                                 "and longest in microseconds, the share of its time in percent, the period of the "
                                 "20 us ones in milliseconds"}}

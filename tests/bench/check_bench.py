@@ -103,6 +103,14 @@ if machine and machine[0]["summary"].get("pause_lost_pct"):
     spread = machine[0]["summary"].get("cpu_speed_spread", {}).get("median")
     check(spread is not None and spread >= 1.0, f"the machine case's cpu_speed_spread is {spread}, not >= 1")
     check("(the CPUs' speeds, floor-bench machine:" in table, "table.txt lacks the CPUs' speeds beside the targets")
+    # The CPUs' placement, pass by pass: a cache line's hand-off between two CPUs takes some nanoseconds and
+    # less than a millisecond (a batch that found no answer within a second gives 0).
+    if (os.cpu_count() or 1) >= 2:
+        handoffs = [r.get("line_handoff_ns") for r in machine[0]["runs"] if "error" not in r]
+        check(handoffs and all(h is not None and 1 <= h < 1e6 for h in handoffs),
+              f"the machine case's line_handoff_ns per pass are {handoffs}")
+        check("(the CPUs' placement, floor-bench machine:" in table,
+              "table.txt lacks the CPUs' placement beside the targets")
 
 kernel = [c for c in cases if c["tool"] == "floor" and c["test"] in ("kernel_copy_first", "kernel_copy")]
 check(len(kernel) == 2, "the kernel_copy floors are not both in the quick run")

@@ -39,6 +39,8 @@
 //                                               placement: how long one cache line takes to go from the
 //                                               first CPU to the last and back, halved (two pinned threads
 //                                               passing a counter)
+//   floor-bench placement                       that last figure alone (line_handoff_ns; bench/run.py takes
+//                                               it before and after each run of a target's cases)
 //
 // Both sides of the ping-pong spin on non-blocking sockets (recv with MSG_DONTWAIT), as a busy-polling RDMA
 // application spins on its CQ, so the figure is the kernel's UDP loopback path and nothing else. The client
@@ -627,7 +629,8 @@ int usage() {
                "       floor-bench memcpy SIZE SECONDS [PAIRS]\n"
                "       floor-bench kernel-copy SIZE PAIRS\n"
                "       floor-bench mem-pingpong SIZE ITERS\n"
-               "       floor-bench machine SECONDS\n");
+               "       floor-bench machine SECONDS\n"
+               "       floor-bench placement\n");
   return 2;
 }
 
@@ -667,6 +670,10 @@ int main(int argc, char** argv) {
     const long iters = static_cast<long>(num(3));
     if (size == 0 || size > (size_t{1} << 24) || iters < 1) return usage();
     return mem_pingpong(size, iters);
+  }
+  if (cmd == "placement" && argc == 2) {
+    std::printf("line_handoff_ns=%.1f\n", line_handoff_ns(std::max(1u, std::thread::hardware_concurrency())));
+    return 0;
   }
   if (cmd == "machine" && argc == 3) {
     const double seconds = std::strtod(argv[2], nullptr);

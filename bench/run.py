@@ -31,7 +31,8 @@ Runs on this machine, every process on 127.0.0.1:
 Every case runs --runs times (the cases interleaved, so that a change in the machine's load touches every
 tool alike; in each pass the cases that a target compares run one after the other, then the rest) and each
 figure is the median with its min and max. Each target's ratio of medians is followed by the ratios run by
-run (run k of one case over run k of the other, from the same pass). Output (DIR, default BUILD/bench):
+run (run k of one case over run k of the other, from the same pass), and those again for the pairs of runs
+that ran with the CPUs close and with them far (floor-bench placement before and after each run). Output (DIR, default BUILD/bench):
 table.txt (what is printed), results.csv (every run's raw figures), results.json (raw figures, medians, targets),
 plot.png (bandwidth and latency against size).
 
@@ -620,6 +621,15 @@ class Runner:
              "ops": iters}
         return self.finish(case, r, server, client)
 
+    def placement(self):
+        """floor-bench placement's line_handoff_ns (the CPUs' placement at this moment), or None."""
+        exe = os.path.join(self.build, "bin", "floor-bench")
+        try:
+            p = subprocess.run([exe, "placement"], capture_output=True, text=True, timeout=10)
+            return float(keyvals(p.stdout)["line_handoff_ns"]) or None
+        except (OSError, subprocess.SubprocessError, KeyError, ValueError):
+            return None
+
     def solo(self, case, run, argv, side, key):
         """Runs one floor-bench process to its end: its Proc and key=values; Missing unless it exited 0 and
         printed `key`."""
@@ -908,12 +918,15 @@ def targets(cases):
 
     out = []
 
+    least = least_placement(cases)
+
     def add(name, a, am, b, bm, op, limit, how):
         va, vb = med(a, am), med(b, bm)
         ratio = va / vb if va is not None and vb else None
         met = None if ratio is None else (ratio >= limit if op == ">=" else ratio <= limit)
         out.append({"target": name, "softrdma": va, "peer": vb, "ratio": ratio, "op": op, "limit": limit,
                     "met": met, "unit": how, "run_by_run": run_by_run(a, am, b, bm),
+                    "run_by_run_by_placement": run_by_run_placed(a, am, b, bm, least),
                     "case_ids": [a.id if a else None, b.id if b else None],
                     "why_missing": None if ratio is not None else
                     "; ".join(dict.fromkeys(x for x in (why(a, am), why(b, bm)) if x))})
@@ -997,6 +1010,42 @@ def run_by_run(a, am, b, bm):
     if not ratios:
         return None
     return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios), "n": len(ratios)}
+
+
+# A run's placement is close when both of its probes read at most this many times the least probe of the
+# whole benchmark (the CPUs share a cache), far when both read more; a run between the two is neither.
+# On the project's VM: 26-32 ns close, 166-175 far.
+PLACEMENT_FAR_FACTOR = 2.5
+PLACEMENT_PROBES = ["placement_before_ns", "placement_after_ns"]
+
+
+def placement_of(r, least):
+    probes = [r.get(k) for k in PLACEMENT_PROBES]
+    if not least or not all(probes):
+        return None
+    far = [p > PLACEMENT_FAR_FACTOR * least for p in probes]
+    return "far" if all(far) else ("close" if not any(far) else None)
+
+
+def least_placement(cases):
+    probes = [r[k] for c in cases for r in c.runs for k in PLACEMENT_PROBES if r.get(k)]
+    return min(probes) if probes else None
+
+
+def run_by_run_placed(a, am, b, bm, least):
+    """run_by_run's ratios split by the CPUs' placement: {"close": summary, "far": summary} for the pairs of
+    runs whose four probes all agree; {} when no pair does."""
+    if a is None or b is None:
+        return {}
+    split = {}
+    for ra, rb in zip(a.runs, b.runs):
+        if "error" in ra or "error" in rb or ra.get(am) is None or not rb.get(bm):
+            continue
+        where = placement_of(ra, least)
+        if where is not None and where == placement_of(rb, least):
+            split.setdefault(where, []).append(ra[am] / rb[bm])
+    return {k: {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)}
+            for k, v in split.items()}
 
 
 def why(case, metric):
@@ -1097,7 +1146,9 @@ def table(cases, meta, tgts):
         w("")
     w("targets (issue 6): ratio = softrdma / peer, of medians from this run; run by run: the ratios of the runs of")
     w("  one pass (run k of each; the cases of a pass run one after the other), whose spread shows how far the")
-    w("  machine's changing speed moves the ratio of medians")
+    w("  machine's changing speed moves the ratio of medians; and those ratios again by the CPUs' placement, the")
+    w(f"  pairs of runs whose placement probes (floor-bench placement, before and after each) all read close (at")
+    w(f"  most {PLACEMENT_FAR_FACTOR}x the least probe: the two CPUs share a cache) or all far")
     if socket_case_variant(cases) != "socket":
         w("  (socket path = softrdma's default here: --socket-env none kept the same-host path on for them)")
     mach = find(cases, "floor", "machine", "cpu", 0)
@@ -1159,6 +1210,9 @@ def table(cases, meta, tgts):
             pairs = t["run_by_run"]
             by_run = (f"; run by run {pairs['min']:.2f}-{pairs['max']:.2f}, median {pairs['median']:.2f}"
                       if pairs and pairs["n"] > 1 else "")
+            placed = t.get("run_by_run_by_placement") or {}
+            by_run += "".join(f"; {where} placement ({p['n']} of {pairs['n']}) median {p['median']:.2f}"
+                              for where in ("close", "far") if pairs and (p := placed.get(where)))
             w(f"  {status:6} {t['target']}: {fmt(t['softrdma'] * sc)} vs {fmt(t['peer'] * sc)} {t['unit']}, "
               f"ratio {t['ratio']:.2f} (needs {t['op']} {t['limit']}){by_run}")
     return "\n".join(lines) + "\n"
@@ -1183,7 +1237,7 @@ def write_csv(path, cases):
     cols = ["id", "tool", "test", "transport", "variant", "size", "qps", "kind", "latency_convention", "run",
             "bw_bytes_per_sec", "msg_rate_per_sec", "lat_us", "lat_typical_us", "ops", "cpu_server_us_per_op",
             "cpu_client_us_per_op", "cpu_server_s", "cpu_client_s", "packets_per_op", "direct_per_op", "retransmits",
-            "syscalls_server_per_op", "syscalls_client_per_op", "error"] + MACHINE_METRICS
+            "syscalls_server_per_op", "syscalls_client_per_op", "error"] + MACHINE_METRICS + PLACEMENT_PROBES
     with open(path, "w", newline="") as f:
         wr = csv.writer(f)
         wr.writerow(cols)
@@ -1202,7 +1256,7 @@ def write_csv(path, cases):
                              r.get("cpu_client_s"), r.get("packets_per_op"),
                              r.get("direct_per_op"),
                              r.get("retransmits"), r.get("syscalls_server"), r.get("syscalls_client"),
-                             r.get("error", c.missing)] + [r.get(m) for m in MACHINE_METRICS])
+                             r.get("error", c.missing)] + [r.get(m) for m in MACHINE_METRICS + PLACEMENT_PROBES])
 
 
 def plot(path, cases):
@@ -1306,21 +1360,29 @@ def main():
                                           "machine case)",
                       "line_handoff_ns": "nanoseconds for a cache line to go from one CPU to another, two pinned "
                                          "threads taking turns at a counter (the machine case)",
+                      "placement_*_ns": "the same, by floor-bench placement just before and just after each run "
+                                        "of a case that a target compares",
                       "pause*": "a spinning thread's stops of 10 us or more, per CPU: per second, their median "
                                 "and longest in microseconds, the share of its time in percent, the period of the "
                                 "20 us ones in milliseconds"}}
     runner = Runner(args, build, out)
     todo = execution_order([c for c in cases if not c.missing])
+    # The runs of the cases that targets compare are each framed by the CPUs' placement (floor-bench
+    # placement, before and after), so that their ratios can also be read placement by placement.
+    compared = {i for t in targets(todo) for i in t["case_ids"]}
     started = time.monotonic()
     for run in range(1, runs + 1):
         for i, c in enumerate(todo, 1):
             t0 = time.monotonic()
             if run == 1:
                 c.setup = runner.setup_cost(c)
+            before = runner.placement() if c.id in compared else None
             try:
                 r = runner.run(c, run)
             except Missing as e:
                 r = {"error": str(e)}
+            if before is not None:
+                r["placement_before_ns"], r["placement_after_ns"] = before, runner.placement()
             c.runs.append(r)
             fig = (f"{fmt(r['bw'] / 1e9)} GB/s" if "bw" in r and c.kind == "bw" else
                    f"{fmt(r['lat_us'])} us {c.rtt}" if "lat_us" in r else

@@ -111,6 +111,12 @@ if machine and machine[0]["summary"].get("pause_lost_pct"):
               f"the machine case's line_handoff_ns per pass are {handoffs}")
         check("(the CPUs' placement, floor-bench machine:" in table,
               "table.txt lacks the CPUs' placement beside the targets")
+        # Each run of a case that a target compares is framed by two placement probes.
+        compared = {i for t in doc["targets"] for i in t["case_ids"] if i}
+        framed = [r.get(k) for c in cases if c["id"] in compared for r in c["runs"] if "error" not in r
+                  for k in ("placement_before_ns", "placement_after_ns")]
+        check(framed and all(p is not None and 1 <= p < 1e6 for p in framed),
+              f"the targets' runs lack their placement probes: {framed[:6]}")
 
 kernel = [c for c in cases if c["tool"] == "floor" and c["test"] in ("kernel_copy_first", "kernel_copy")]
 check(len(kernel) == 2, "the kernel_copy floors are not both in the quick run")

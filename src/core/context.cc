@@ -504,7 +504,7 @@ int Context::drive(io::TxBatch& tx, Nanos now, bool run_timers) {
   // either it saw driving_ clear and drives itself, or this thread sees the flag.
   do {
     if (driving_.exchange(true, std::memory_order_acquire)) return total ? total : -1;
-    drive_began_.store(now, std::memory_order_relaxed);
+    drives_.store(drives_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     rescan_.store(false, std::memory_order_relaxed);
     send_corked();
     // Left uninitialised: rx_burst sets every field of each packet it returns. Initialising the 32 was 40%

@@ -99,13 +99,11 @@ class Context {
     rescan_.store(true, std::memory_order_seq_cst);
     return driving_.load(std::memory_order_seq_cst);
   }
-  // How long the thread driving now has been in its drive (0: none drives). A drive that lasts is an
-  // application thread's whose polls keep finding work: the ACKs of a stream, each releasing packets to send.
-  Nanos driving_for(Nanos now) const {
-    if (!driving_.load(std::memory_order_relaxed)) return 0;
-    const Nanos began = drive_began_.load(std::memory_order_relaxed);
-    return now > began ? now - began : 0;
-  }
+  // The drives begun so far: a thread that found another driving twice, some time apart, with the same
+  // count, found one drive that lasted (an application thread whose poll keeps finding work: the ACKs of
+  // a stream, each releasing packets to send). A count and not the drive's start time: an application's
+  // drive takes a clock read up to 16 polls old (drive_from_app).
+  uint64_t drives() const { return drives_.load(std::memory_order_relaxed); }
   // A post on this thread left WRs of QP `qpn` queued (Qp::post_send): this thread's next drive sends them
   // (an application polls its CQ after it posted), unless an ACK (RC) or the QP's cork timer (UC/UD) did.
   void corked(uint32_t qpn);
@@ -254,7 +252,7 @@ class Context {
   std::vector<Qp*> qps_;                             // every QP, for the timer scan
   std::atomic<uint64_t> driver_gen_{0};
   std::atomic<bool> driving_{false};    // one receiver at a time (io backends allow one rx caller)
-  std::atomic<Nanos> drive_began_{0};   // the `now` of the driver's drive (driving_for)
+  std::atomic<uint64_t> drives_{0};     // drives(): written by the driver only
   std::atomic<bool> rescan_{false};     // hand_over: the driver reads the sockets once more
   std::atomic<bool> watch_asked_{false};  // kKickWatch
   std::atomic<Nanos> watch_asked_at_{0};

@@ -72,6 +72,17 @@ void Progress::drain_wake_fd() {
   [[maybe_unused]] ssize_t r = read(wake_fd_, &v, sizeof v);
 }
 
+bool Progress::drive_lasts() {
+  const uint64_t drive = ctx_->drives();
+  const core::Nanos now = ctx_->now();
+  if (drive != seen_drive_) {
+    seen_drive_ = drive;
+    seen_drive_at_ = now;
+    return false;
+  }
+  return now - seen_drive_at_ >= kLongDriveNs;
+}
+
 void Progress::kick(core::Nanos by) {
   // Only a sleeping thread needs the syscall, and only one that would sleep past the deadline; a spinning
   // one sees new deadlines on its own. (Every post of ib_send_lat and ib_read_lat arms a timer: each kick
@@ -157,6 +168,7 @@ bool Progress::on_packets_while_app_polls() {
     if (ctx_->hand_over()) {
       packets_found_ = false;
       handed_over_ = true;
+      drive_lasted_ = drive_lasts();
       return false;
     }
   }
@@ -214,8 +226,6 @@ void Progress::run() {
   uint32_t spin_seq = ctx_->app_poll_seq();  // the application's poll count when this thread took over
   constexpr core::Nanos kNapNs = 200'000;
   constexpr core::Nanos kBlockedSleepNs = 20'000;  // the least sleep while another thread drives
-  // A drive that has lasted this long is an application's busy polling (Context::driving_for).
-  constexpr core::Nanos kLongDriveNs = 20'000;
   const bool doorbells = ctx_->backend()->wakes_by_doorbell();
   bool napping = false;  // the last sleep beside a polling application
   bool nap_slack = false;  // the timer slack is kNapSlackNs (set_nap_slack)
@@ -251,7 +261,7 @@ void Progress::run() {
       // (A watch request is taken only when it turns a nap into a watch: an answer is on its way.)
       // The application polled since the last sleep, or it is still in the poll whose drive this thread's
       // wake-up found lasting (below, in the loop).
-      const bool polls = seq != nap_seq || (handed_over_ && ctx_->driving_for(ctx_->now()) >= kLongDriveNs);
+      const bool polls = seq != nap_seq || (handed_over_ && drive_lasted_);
       const bool nap = napping && polls && (doorbells || !packets_found_) && !ctx_->take_watch_request();
       nap_seq = seq;
       napping = true;
@@ -346,13 +356,10 @@ void Progress::run() {
     // (above), rather than waking every kBlockedSleepNs or for every ACK to find it still driving.
     // Measured, 64 QPs x 1 MiB socket-path ib_write_bw: about one run in three at 1.3-1.5 GB/s instead of
     // 2.7-3.1, this thread woken 7,000-10,000 times a run on the CPU where the peer's receiver ran.
-    if (got_last < 0 && !events_awaited()) {
-      const core::Nanos at = ctx_->now();
-      if (ctx_->driving_for(at) >= kLongDriveNs) {
-        sleeping_.store(false, std::memory_order_release);
-        ctx_->set_app_driving(at);
-        continue;
-      }
+    if (got_last < 0 && !events_awaited() && drive_lasts()) {
+      sleeping_.store(false, std::memory_order_release);
+      ctx_->set_app_driving(ctx_->now());
+      continue;
     }
     const core::Nanos next_deadline = ctx_->next_timer();
     // To the nanosecond (epoll_pwait2): a deferred ACK is due microseconds after it was deferred.

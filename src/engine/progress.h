@@ -49,6 +49,14 @@ class Progress {
   bool packets_found_ = true;
   // The last wake-up by packets found the application driving and left them to it (hand_over).
   bool handed_over_ = false;
+  // After another thread's drive kept this one out (drive() < 0): whether it is the drive this thread was
+  // kept out of kLongDriveNs ago or earlier (Context::drives), one that lasts: an application that polls
+  // without a pause, as busy-polling as one whose polls come up empty. Remembers a drive it had not seen.
+  bool drive_lasts();
+  static constexpr core::Nanos kLongDriveNs = 20'000;
+  uint64_t seen_drive_ = 0;
+  core::Nanos seen_drive_at_ = 0;
+  bool drive_lasted_ = false;  // drive_lasts() at the last hand_over
   std::atomic<bool> stop_{false};
   std::atomic<bool> sleeping_{false};
   // When the current sleep ends by itself (kNoTimer: never; 0: not known yet, so every kick wakes).

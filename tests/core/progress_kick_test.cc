@@ -273,8 +273,9 @@ TEST_F(ProgressBesideDriver, APacketLeftToTheApplicationInARingIsNotLookedAtAgai
 
 // ib_write_bw's sender with many QPs: its polls keep finding ACKs, each releasing packets to send, so it
 // never has the run of empty polls that marks a busy-polling application, and its drives last. A drive
-// that has lasted (Context::driving_for) marks it so too, and the progress thread then sleeps beside it
-// as beside any polling application, not woken by every packet that comes meanwhile. Before, it slept
+// that lasts (the same drive, Context::drives, found twice 20 us apart) marks it so too, and the progress
+// thread then sleeps beside it as beside any polling application, not woken by every packet that comes
+// meanwhile. Before, it slept
 // kBlockedSleepNs (20 us) at a time watching the sockets, woken by each ACK to find the drive still going
 // (socket-path ib_write_bw -q 64 -s 1M: 7,000-10,000 wake-ups a run on the peer's CPU, about one run in
 // three at half the bandwidth).

@@ -548,7 +548,8 @@ bool wait_turn(const HandoffLine& line, uint64_t want, const HandoffStop& stop, 
   return true;
 }
 
-double line_handoff_ns(unsigned cpus) {
+double line_handoff_ns() {
+  const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
   if (cpus < 2) return 0;
   HandoffLine line;
   HandoffStop stop;
@@ -610,7 +611,7 @@ int machine(double seconds) {
                   static_cast<double>(p.work_ns) / static_cast<double>(kWorkSteps));
     work += b;
   }
-  const double handoff = line_handoff_ns(cpus);
+  const double handoff = line_handoff_ns();
   std::printf(
       "cpus=%u seconds=%.3f syscall_us=%.4f pauses_per_s=%.1f pause_median_us=%.1f pause_max_us=%.1f "
       "pause_lost_pct=%.2f pause_period_ms=%.3f cpu_step_ns=%s cpu_speed_spread=%.2f line_handoff_ns=%.1f\n",
@@ -672,7 +673,7 @@ int main(int argc, char** argv) {
     return mem_pingpong(size, iters);
   }
   if (cmd == "placement" && argc == 2) {
-    std::printf("line_handoff_ns=%.1f\n", line_handoff_ns(std::max(1u, std::thread::hardware_concurrency())));
+    std::printf("line_handoff_ns=%.1f\n", line_handoff_ns());
     return 0;
   }
   if (cmd == "machine" && argc == 3) {

@@ -32,8 +32,8 @@ Every case runs --runs times (the cases interleaved, so that a change in the mac
 tool alike; in each pass the cases that a target compares run one after the other, then the rest) and each
 figure is the median with its min and max. Each target's ratio of medians is followed by the ratios run by
 run (run k of one case over run k of the other, from the same pass), and those again for the pairs of runs
-that ran with the CPUs close and with them far (floor-bench placement before and after each run). Output (DIR, default BUILD/bench):
-table.txt (what is printed), results.csv (every run's raw figures), results.json (raw figures, medians, targets),
+that ran with the CPUs close and with them far (floor-bench placement before and after each run). Output
+(DIR, default BUILD/bench): table.txt (what is printed), results.csv (every run's raw figures), results.json (raw figures, medians, targets),
 plot.png (bandwidth and latency against size).
 
 Units: bandwidth is printed in GB/s (10^9 B/s) and MiB/s. perftest's MB/sec and UCX's MB/s are MiB/s,
@@ -1368,21 +1368,26 @@ def main():
     runner = Runner(args, build, out)
     todo = execution_order([c for c in cases if not c.missing])
     # The runs of the cases that targets compare are each framed by the CPUs' placement (floor-bench
-    # placement, before and after), so that their ratios can also be read placement by placement.
+    # placement, before and after), so that their ratios can also be read placement by placement. Such cases
+    # run one after the other (execution_order): one run's probe after is the next one's before.
     compared = {i for t in targets(todo) for i in t["case_ids"]}
     started = time.monotonic()
     for run in range(1, runs + 1):
+        last_probe = None  # the probe after the run just before, if it was framed
         for i, c in enumerate(todo, 1):
             t0 = time.monotonic()
             if run == 1:
                 c.setup = runner.setup_cost(c)
-            before = runner.placement() if c.id in compared else None
+                last_probe = None  # a setup run came between
+            before = (last_probe or runner.placement()) if c.id in compared else None
             try:
                 r = runner.run(c, run)
             except Missing as e:
                 r = {"error": str(e)}
+            last_probe = None
             if before is not None:
-                r["placement_before_ns"], r["placement_after_ns"] = before, runner.placement()
+                last_probe = runner.placement()
+                r["placement_before_ns"], r["placement_after_ns"] = before, last_probe
             c.runs.append(r)
             fig = (f"{fmt(r['bw'] / 1e9)} GB/s" if "bw" in r and c.kind == "bw" else
                    f"{fmt(r['lat_us'])} us {c.rtt}" if "lat_us" in r else

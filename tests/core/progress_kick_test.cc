@@ -275,10 +275,9 @@ TEST_F(ProgressBesideDriver, APacketLeftToTheApplicationInARingIsNotLookedAtAgai
 // never has the run of empty polls that marks a busy-polling application, and its drives last. A drive
 // that lasts (the same drive, Context::drives, found twice 20 us apart) marks it so too, and the progress
 // thread then sleeps beside it as beside any polling application, not woken by every packet that comes
-// meanwhile. Before, it slept
-// kBlockedSleepNs (20 us) at a time watching the sockets, woken by each ACK to find the drive still going
-// (socket-path ib_write_bw -q 64 -s 1M: 7,000-10,000 wake-ups a run on the peer's CPU, about one run in
-// three at half the bandwidth).
+// meanwhile. Before, it slept kBlockedSleepNs (20 us) at a time watching the sockets, woken by each ACK to
+// find the drive still going (socket-path ib_write_bw -q 64 -s 1M: 7,000-10,000 wake-ups a run on the
+// peer's CPU, about one run in three at half the bandwidth).
 TEST_F(ProgressBesideLongDrive, AnApplicationLongInItsDriveIsLeftToIt) {
   const auto end = std::chrono::steady_clock::now() + 2s;
   while (!ctx.app_driving(ctx.now(), 1'000'000) && std::chrono::steady_clock::now() < end) {

@@ -12,6 +12,18 @@
 //                                               sleeps in recv until the datagram comes (a wake-up per half
 //                                               round trip, as for an application that waits for
 //                                               completion events)
+//   floor-bench udp-stream-server PORT          receive a UDP stream on 127.0.0.1:PORT, busy-polling
+//                                               recvmmsg with UDP_GRO into a 2 MiB ring (a softrdma
+//                                               socket's), counting, until the client's end
+//   floor-bench udp-stream-client PORT SIZE SECONDS
+//                                               send that server the datagrams of RC WRITEs at path MTU
+//                                               4096 for SECONDS (4 KiB payloads in turn from a SIZE-byte
+//                                               buffer, 12-byte headers and 4-byte trailers around them, GSO
+//                                               messages of 15, sendmmsg of 4), as softrdma's socket path
+//                                               sends them; no ICRC, no transport, one copy a side by the
+//                                               kernel: the bound the socket path's bandwidth meets first.
+//                                               Prints the rate the server received (bytes_per_sec; its
+//                                               first receive to its last) and the share of what was sent
 //   floor-bench memcpy SIZE SECONDS [PAIRS]     copy SIZE bytes between two buffers, again and again, for
 //                                               SECONDS; with PAIRS, between PAIRS pairs of buffers in turn
 //                                               (64 pairs of 1 MiB: the working set of 64 QPs' buffers)
@@ -106,6 +118,19 @@ void enable_gro(int fd) {
   if (setsockopt(fd, IPPROTO_UDP, UDP_GRO, &one, sizeof one) != 0) die("setsockopt UDP_GRO");
 }
 
+// Puts a UDP_SEGMENT control message of `seg` into h, whose control buffer is `ctrl` (CMSG_SPACE of a
+// uint16_t): the kernel cuts the message into datagrams of `seg` bytes (GSO).
+void set_gso(msghdr& h, char* ctrl, size_t ctrl_len, size_t seg) {
+  h.msg_control = ctrl;
+  h.msg_controllen = ctrl_len;
+  cmsghdr* c = CMSG_FIRSTHDR(&h);
+  c->cmsg_level = SOL_UDP;
+  c->cmsg_type = UDP_SEGMENT;
+  c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+  const auto s16 = static_cast<uint16_t>(seg);
+  std::memcpy(CMSG_DATA(c), &s16, sizeof s16);
+}
+
 // Sends `len` bytes as datagrams of `seg` bytes (the last may be shorter) in one GSO send; `to` may be null
 // on a connected socket. Returns what sendmsg returns.
 ssize_t send_segments(int fd, const char* buf, size_t len, size_t seg, const sockaddr_in* to) {
@@ -116,16 +141,7 @@ ssize_t send_segments(int fd, const char* buf, size_t len, size_t seg, const soc
   h.msg_iov = &iov;
   h.msg_iovlen = 1;
   alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(uint16_t))] = {};
-  if (seg < len) {
-    h.msg_control = ctrl;
-    h.msg_controllen = sizeof ctrl;
-    cmsghdr* c = CMSG_FIRSTHDR(&h);
-    c->cmsg_level = SOL_UDP;
-    c->cmsg_type = UDP_SEGMENT;
-    c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-    const auto s16 = static_cast<uint16_t>(seg);
-    std::memcpy(CMSG_DATA(c), &s16, sizeof s16);
-  }
+  if (seg < len) set_gso(h, ctrl, sizeof ctrl, seg);
   return sendmsg(fd, &h, 0);
 }
 
@@ -332,6 +348,165 @@ int udp_client_rc(uint16_t port, size_t size, long iters) {
     return true;
   };
   return ping_pong(fd, port, size, iters, ping, pong);
+}
+
+// udp-stream: what the socket path's bandwidth meets first (see the top of the file). A data datagram is a
+// middle RC WRITE packet at path MTU 4096: a 12-byte header, 4 KiB of payload from the source buffer, a
+// 4-byte trailer; the sender puts them in GSO messages of 15 and sends four messages per sendmmsg, as
+// softrdma's requester does (up to 64 packets a call, 15 to a message), from an unconnected socket. Control
+// datagrams (one byte) go on a second socket, so that the kernel never coalesces them with data: 'h' (the
+// server answers 'h') and 'e' (the server answers with its count and exits).
+constexpr size_t kStreamHeader = 12, kStreamPayload = 4096, kStreamTrailer = 4;
+constexpr size_t kStreamSegment = kStreamHeader + kStreamPayload + kStreamTrailer;
+constexpr uint32_t kStreamSegsPerMsg = 15, kStreamMsgsPerCall = 4;
+constexpr int kStreamRcvBuf = 32 << 20;  // softrdma's socket receive buffer
+constexpr uint32_t kStreamRxBatch = 32;
+constexpr size_t kStreamRxBuf = 64 << 10;
+
+int udp_stream_server(uint16_t port) {
+  const int fd = loopback_socket(port);
+  enable_gro(fd);
+  if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &kStreamRcvBuf, sizeof kStreamRcvBuf) != 0)
+    (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &kStreamRcvBuf, sizeof kStreamRcvBuf);  // capped by rmem_max
+  // The receive ring: 32 buffers of 64 KiB in one 2 MiB area, as a softrdma socket's.
+  std::vector<char> ring(kStreamRxBatch * kStreamRxBuf, 0);
+  mmsghdr msgs[kStreamRxBatch];
+  iovec iov[kStreamRxBatch];
+  sockaddr_in from[kStreamRxBatch];
+  for (uint32_t k = 0; k < kStreamRxBatch; ++k) {
+    iov[k] = iovec{ring.data() + k * kStreamRxBuf, kStreamRxBuf};
+    msgs[k] = mmsghdr{};
+    msgs[k].msg_hdr.msg_iov = &iov[k];
+    msgs[k].msg_hdr.msg_iovlen = 1;
+    msgs[k].msg_hdr.msg_name = &from[k];
+  }
+  uint64_t bytes = 0, first_bytes = 0;  // data received; the first receive's (before the clock starts)
+  Clock::time_point first{}, last{};
+  for (;;) {
+    for (uint32_t k = 0; k < kStreamRxBatch; ++k) msgs[k].msg_hdr.msg_namelen = sizeof from[k];
+    const int n = recvmmsg(fd, msgs, kStreamRxBatch, MSG_DONTWAIT, nullptr);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) continue;
+      die("recvmmsg");
+    }
+    const auto now = Clock::now();
+    for (int k = 0; k < n; ++k) {
+      const unsigned len = msgs[k].msg_len;
+      if (len != 1) {  // data
+        if (bytes == 0) {
+          first = now;
+          first_bytes = len;
+        }
+        bytes += len;
+        last = now;
+        continue;
+      }
+      const socklen_t to_len = msgs[k].msg_hdr.msg_namelen;
+      const auto* to = reinterpret_cast<const sockaddr*>(&from[k]);
+      if (ring[k * kStreamRxBuf] == 'h') {
+        if (sendto(fd, "h", 1, 0, to, to_len) != 1) die("sendto");
+      } else if (ring[k * kStreamRxBuf] == 'e') {
+        char line[160];
+        const int m = std::snprintf(line, sizeof line, "received_bytes=%llu timed_bytes=%llu seconds=%.6f",
+                                    static_cast<unsigned long long>(bytes),
+                                    static_cast<unsigned long long>(bytes - first_bytes),
+                                    std::chrono::duration<double>(last - first).count());
+        if (sendto(fd, line, static_cast<size_t>(m), 0, to, to_len) != m) die("sendto");
+        return 0;
+      }
+    }
+  }
+}
+
+// Sends one control byte on `fd` until an answer comes (every 100 ms, for up to 2 s): its length, or 0.
+size_t stream_control(int fd, char what, char* answer, size_t size) {
+  for (int tries = 0; tries < 20; ++tries) {
+    if (send(fd, &what, 1, 0) != 1 && errno != ECONNREFUSED) die("send");
+    const auto deadline = Clock::now() + std::chrono::milliseconds(100);
+    do {
+      const ssize_t n = recv(fd, answer, size - 1, MSG_DONTWAIT);
+      if (n > 0) {
+        answer[n] = 0;
+        return static_cast<size_t>(n);
+      }
+      if (n < 0 && errno != EAGAIN && errno != EINTR && errno != ECONNREFUSED) die("recv");
+    } while (Clock::now() < deadline);
+  }
+  return 0;
+}
+
+int udp_stream_client(uint16_t port, size_t size, double seconds) {
+  const int ctl = client_socket(port);
+  char answer[256];
+  if (stream_control(ctl, 'h', answer, sizeof answer) == 0) {
+    std::fprintf(stderr, "floor-bench: no answer from 127.0.0.1:%u\n", port);
+    return 1;
+  }
+  const int fd = loopback_socket(0);  // unconnected, as softrdma's: each message names its destination
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(port);
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  // The application's buffer: page-aligned, written first (as perftest's), its payloads sent in turn.
+  void* mem = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) die("mmap");
+  std::memset(mem, 0x5a, size);
+  const auto* src = static_cast<const char*>(mem);
+  static char headers[kStreamMsgsPerCall * kStreamSegsPerMsg][kStreamHeader];
+  static char trailers[kStreamMsgsPerCall * kStreamSegsPerMsg][kStreamTrailer];
+  iovec iov[kStreamMsgsPerCall * kStreamSegsPerMsg * 3];
+  mmsghdr msgs[kStreamMsgsPerCall];
+  alignas(cmsghdr) char ctrl[kStreamMsgsPerCall][CMSG_SPACE(sizeof(uint16_t))];
+  for (uint32_t m = 0; m < kStreamMsgsPerCall; ++m) {
+    msghdr& h = msgs[m].msg_hdr;
+    h = msghdr{};
+    h.msg_name = &to;
+    h.msg_namelen = sizeof to;
+    h.msg_iov = &iov[m * kStreamSegsPerMsg * 3];
+    h.msg_iovlen = kStreamSegsPerMsg * 3;
+    set_gso(h, ctrl[m], sizeof ctrl[m], kStreamSegment);
+  }
+  size_t off = 0;
+  uint64_t sent = 0;
+  const auto start = Clock::now();
+  double s = 0;
+  do {
+    for (uint32_t p = 0; p < kStreamMsgsPerCall * kStreamSegsPerMsg; ++p) {
+      iov[3 * p] = iovec{headers[p], kStreamHeader};
+      iov[3 * p + 1] = iovec{const_cast<char*>(src + off), kStreamPayload};
+      iov[3 * p + 2] = iovec{trailers[p], kStreamTrailer};
+      off = off + 2 * kStreamPayload <= size ? off + kStreamPayload : 0;
+    }
+    int done = 0;
+    while (done < static_cast<int>(kStreamMsgsPerCall)) {
+      const int r = sendmmsg(fd, msgs + done, kStreamMsgsPerCall - done, 0);
+      if (r < 0) {
+        if (errno == EINTR || errno == ENOBUFS || errno == EAGAIN) continue;
+        die("sendmmsg");
+      }
+      done += r;
+    }
+    sent += kStreamMsgsPerCall * kStreamSegsPerMsg * kStreamSegment;
+    s = std::chrono::duration<double>(Clock::now() - start).count();
+  } while (s < seconds);
+  if (stream_control(ctl, 'e', answer, sizeof answer) == 0) {
+    std::fprintf(stderr, "floor-bench: no count from 127.0.0.1:%u\n", port);
+    return 1;
+  }
+  unsigned long long received = 0, timed = 0;
+  double rs = 0;
+  if (std::sscanf(answer, "received_bytes=%llu timed_bytes=%llu seconds=%lf", &received, &timed, &rs) != 3 ||
+      !(rs > 0)) {
+    std::fprintf(stderr, "floor-bench: no data received (%s)\n", answer);
+    return 1;
+  }
+  const double bps = static_cast<double>(timed) / rs;
+  std::printf(
+      "size=%zu seconds=%.6f sent_bytes_per_sec=%.1f bytes_per_sec=%.1f gbps=%.3f received_pct=%.2f\n", size,
+      s, static_cast<double>(sent) / s, bps, bps / 1e9,
+      100.0 * static_cast<double>(received) / static_cast<double>(sent));
+  munmap(mem, size);
+  return 0;
 }
 
 int memcpy_loop(size_t size, double seconds, size_t pairs) {
@@ -627,6 +802,8 @@ int usage() {
   std::fprintf(stderr,
                "usage: floor-bench udp-server PORT [rc|block]\n"
                "       floor-bench udp-client PORT SIZE ITERS [rc|block]\n"
+               "       floor-bench udp-stream-server PORT\n"
+               "       floor-bench udp-stream-client PORT SIZE SECONDS\n"
                "       floor-bench memcpy SIZE SECONDS [PAIRS]\n"
                "       floor-bench kernel-copy SIZE PAIRS\n"
                "       floor-bench mem-pingpong SIZE ITERS\n"
@@ -653,6 +830,15 @@ int main(int argc, char** argv) {
     if (size == 0 || size > kMaxDatagram || iters < 1) return usage();
     return rc ? udp_client_rc(static_cast<uint16_t>(num(2)), size, iters)
               : udp_client(static_cast<uint16_t>(num(2)), size, iters, block);
+  }
+  if (cmd == "udp-stream-server" && argc == 3) return udp_stream_server(static_cast<uint16_t>(num(2)));
+  if (cmd == "udp-stream-client" && argc == 5) {
+    const size_t size = num(3);
+    const double seconds = std::strtod(argv[4], nullptr);
+    if (size < 2 * kStreamPayload || size % kStreamPayload != 0 || size > (size_t{1} << 30) ||
+        !(seconds > 0) || seconds > 60)
+      return usage();
+    return udp_stream_client(static_cast<uint16_t>(num(2)), size, seconds);
   }
   if (cmd == "memcpy" && (argc == 4 || argc == 5)) {
     const double seconds = std::strtod(argv[3], nullptr);

@@ -15,7 +15,9 @@ Runs on this machine, every process on 127.0.0.1:
   libfabric  fi_pingpong over the tcp (msg endpoint) and shm (rdm endpoint) providers
   floor      floor-bench: a busy-polling UDP ping-pong and a memcpy loop; and at 8 B udp_pingpong_rc, the
              ping-pong of what an RC WRITE ping-pong sends per half round trip (the WRITE and its ACK in one
-             GSO send, received coalesced), with no work around it; at 8 B mem_pingpong, a ping-pong of
+             GSO send, received coalesced), with no work around it; at 1 MiB udp_stream, a UDP stream of
+             datagrams laid out as the socket path's 4 KiB WRITE packets, sent and received as softrdma
+             sends and receives them (GSO sends, coalesced receives), with no ICRC and no transport; at 8 B mem_pingpong, a ping-pong of
              pwrite calls on each other's /proc/<pid>/mem between two processes (a same-host one-sided WRITE
              of 8 B with no work around it); memcpy of 1 MiB from 64 pairs of buffers in turn (QPs
              column: 64), the working set of 64 QPs' buffers; and kernel_copy, the kernel copying 64 such
@@ -599,6 +601,17 @@ class Runner:
                 self.kernel_copy_vals[(case.size, case.qps, run)] = vals
             bw = float(vals[key])
             return {"bw": bw, "rate": bw / case.size, "ops": case.qps}  # its CPU time includes filling them
+        if case.test == "udp_stream":
+            secs = 0.3 if self.quick else 1.5
+            port = self.ports.take()
+            server, client = self.pair(case, run, [exe, "udp-stream-server", str(port)],
+                                       [exe, "udp-stream-client", str(port), str(case.size), str(secs)], self.env())
+            vals = keyvals(client.output())
+            if client.rc != 0 or "bytes_per_sec" not in vals:
+                raise Missing(f"floor-bench udp-stream-client exit {client.rc}: {tail(client.output())}")
+            bw = float(vals["bytes_per_sec"])
+            r = {"bw": bw, "rate": bw / case.size, "ops": max(1, round(bw * float(vals["seconds"]) / case.size))}
+            return self.finish(case, r, server, client)
         if case.test == "machine":
             secs = 0.3 if self.quick else 1.0
             _, vals = self.solo(case, run, [exe, "machine", str(secs)], "machine", "pause_lost_pct")
@@ -810,6 +823,9 @@ def all_cases(socket_variant):
     # 64 pairs of buffers in turn (the working set of 64 QPs' buffers, beyond the caches) against one pair,
     # the bound of the 64-QP bandwidth target.
     cases.append(Case("floor", "mem_pingpong", "procmem", 8, "lat", rtt="half"))
+    # The socket path's bandwidth targets' own bound: a UDP stream laid out as softrdma's 4 KiB WRITE packets
+    # and sent and received as it sends and receives them, with no ICRC and no transport (one copy a side).
+    cases.append(Case("floor", "udp_stream", "udp", MIB, "bw"))
     cases.append(Case("floor", "memcpy", "memory", MIB, "bw", qps=64))
     # The socket path's sender: the kernel copies each payload from the application's buffer (sendmmsg).
     # Where the kernel's first access to a user page costs more (the project's VM), the first pass over
@@ -840,7 +856,7 @@ QUICK = {
     "qperf": {("tcp_bw", 64 * KIB), ("tcp_bw", MIB), ("tcp_lat", 8), ("udp_lat", 8), ("udp_bw", 4 * KIB)},
     "ucx": {("ucp_put_bw", 8), ("ucp_put_lat", 8), ("ucp_get", 8), ("put_bw", MIB), ("ucp_put_bw", MIB)},
     "libfabric": {("fi_pingpong", 64)},
-    "floor": {("udp_pingpong", 8), ("udp_pingpong_rc", 8), ("udp_pingpong_block", 8), ("memcpy", MIB), ("mem_pingpong", 8),
+    "floor": {("udp_pingpong", 8), ("udp_pingpong_rc", 8), ("udp_stream", MIB), ("udp_pingpong_block", 8), ("memcpy", MIB), ("mem_pingpong", 8),
               ("kernel_copy_first", MIB), ("kernel_copy", MIB), ("machine", 0)},
 }
 QUICK_TRANSPORTS = {("ucx", "ucp_put_bw", MIB): "posix", ("ucx", "ucp_put_lat", 8): "tcp", ("ucx", "ucp_get", 8): "tcp",
@@ -962,7 +978,8 @@ def targets(cases):
 BESIDE_TARGETS = ((("floor", "udp_pingpong", "udp", 8), ("floor", "udp_pingpong_rc", "udp", 8)),
                   (("libfabric", "fi_pingpong", "shm", 64), ("floor", "mem_pingpong", "procmem", 8)),
                   (("softrdma", "ib_send_lat", "sr_lo", 8, 1, "socket-events"), ("floor", "udp_pingpong_block", "udp", 8)),
-                  (("softrdma", "ib_send_lat", "sr_lo", 8, 1, "events"), ("floor", "udp_pingpong_block", "udp", 8)))
+                  (("softrdma", "ib_send_lat", "sr_lo", 8, 1, "events"), ("floor", "udp_pingpong_block", "udp", 8)),
+                  (("qperf", "tcp_bw", "tcp", MIB), ("floor", "udp_stream", "udp", MIB)))
 
 
 def beside_targets(cases):
@@ -1171,7 +1188,7 @@ def table(cases, meta, tgts):
         w(f"  (the CPUs' placement, floor-bench machine: a cache line went from one CPU to the other in "
           f"{', '.join(fmt(h) for h in handoffs)} ns, pass by pass; a pass with a figure several times the others "
           "ran where the CPUs share no cache, and its runs of data between two processes ran slower)")
-    (plain, rc), (shm, mem), (sock_ev, block), (host_ev, _) = beside_targets(cases)
+    (plain, rc), (shm, mem), (sock_ev, block), (host_ev, _), (tcp, stream) = beside_targets(cases)
     if med(plain, "lat_us") and med(rc, "lat_us"):
         # softrdma's own share of the socket-path latency targets: their figures against this floor.
         sock = socket_case_variant(cases)
@@ -1201,6 +1218,16 @@ def table(cases, meta, tgts):
         w(f"  (the kernel's copy from 64 QPs' 1 MiB sources, as sendmmsg copies them: {fmt(med(first, 'bw') * 1e-9)} GB/s "
           f"the first time, {fmt(med(later, 'bw') * 1e-9)} after: the first pass over them costs {extra_ms:.0f} ms more, "
           f"paid by softrdma at ibv_reg_mr (SOFTRDMA_MR_TOUCH), before the transfer)")
+    if med(stream, "bw") and med(tcp, "bw"):
+        # What the 1 MiB bandwidth target meets first: the same datagrams with none of softrdma's work.
+        mine = find(cases, "softrdma", "ib_write_bw", "sr_lo", MIB, 1, socket_case_variant(cases))
+        close = (run_by_run_placed(stream, "bw", tcp, "bw", least_placement(cases)) or {}).get("close")
+        w(f"  (the socket path's bare stream, udp_stream: {fmt(med(stream, 'bw') * 1e-9)} GB/s = "
+          f"{med(stream, 'bw') / med(tcp, 'bw'):.2f}x qperf tcp_bw 1 MiB"
+          + (f" (close placement, {close['n']} of its runs: {close['median']:.2f}x)" if close else "")
+          + "; datagrams laid out as its 4 KiB WRITE packets, sent and received as it does, one kernel copy a "
+          "side, no ICRC, no transport"
+          + (f"; ib_write_bw 1 MiB {med(mine, 'bw') / med(stream, 'bw'):.2f}x it" if med(mine, "bw") else "") + ")")
     for t in tgts:
         status = "MET" if t["met"] else ("missed" if t["met"] is not None else "n/a")
         if t["ratio"] is None:
@@ -1371,6 +1398,7 @@ def main():
     # placement, before and after), so that their ratios can also be read placement by placement. Such cases
     # run one after the other (execution_order): one run's probe after is the next one's before.
     compared = {i for t in targets(todo) for i in t["case_ids"]}
+    compared |= {c.id for pair in beside_targets(todo) for c in pair if c is not None}
     started = time.monotonic()
     for run in range(1, runs + 1):
         last_probe = None  # the probe after the run just before, if it was framed

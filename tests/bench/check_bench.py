@@ -123,6 +123,14 @@ check(len(kernel) == 2, "the kernel_copy floors are not both in the quick run")
 if all(c["summary"].get("bw", {}).get("median") for c in kernel):
     check("the kernel's copy from 64 QPs'" in table, "table.txt lacks the kernel_copy floors beside the targets")
 
+stream = [c for c in cases if c["tool"] == "floor" and c["test"] == "udp_stream"]
+check(len(stream) == 1, "the udp_stream floor is not in the quick run")
+stream_bw = stream[0]["summary"].get("bw", {}).get("median") if stream else None
+# Loopback moves a stream at 1-100 GB/s on any machine this runs on; a figure outside says the parse is off.
+check(stream_bw is not None and 1e8 < stream_bw < 1e11, f"the udp_stream floor's figure is {stream_bw}")
+if stream_bw:
+    check("(the socket path's bare stream, udp_stream:" in table, "table.txt lacks the udp_stream floor")
+
 targets = doc["targets"]
 # Each pass runs the cases a target compares one after the other (the first pass's order, as printed).
 order = [m.group(1) for m in re.finditer(r"^\[run 1/\d+ \d+/\d+\] (\S+):", printed, re.M)]

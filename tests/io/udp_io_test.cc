@@ -409,6 +409,38 @@ TEST(UdpIoTest, NapTakesTheSocketsOutOfPollFdUntilArmWakeup) {
   EXPECT_EQ(receive(*b->io, 1).size(), 1u);
 }
 
+// A receiver that woke reads the sockets itself until it sleeps again: woke() takes them out of poll_fd()
+// (no wake-up callbacks for their senders meanwhile), the next arm_wakeup() brings them back.
+TEST(UdpIoTest, WokeTakesTheSocketsOutOfPollFdUntilArmWakeup) {
+  auto a = make_peer("127.0.0.1");
+  auto b = make_peer("127.0.0.1");
+  ASSERT_TRUE(a && b);
+  pollfd pfd{b->io->poll_fd(), POLLIN, 0};
+  auto send_one = [&](uint32_t psn) {
+    TxPacket p;
+    fill_header(p, psn, 12, 0);
+    p.src = a->ep();
+    p.dst = b->ep();
+    a->io->tx_burst(std::span<TxPacket>(&p, 1));
+  };
+  EXPECT_FALSE(b->io->arm_wakeup());
+  send_one(1);
+  EXPECT_EQ(poll(&pfd, 1, 2000), 1);
+  b->io->woke();
+  EXPECT_EQ(poll(&pfd, 1, 100), 0);  // the datagram is still queued, but the socket is out
+  send_one(2);
+  EXPECT_EQ(poll(&pfd, 1, 100), 0);
+  EXPECT_EQ(receive(*b->io, 2).size(), 2u);
+  send_one(3);
+  EXPECT_FALSE(b->io->arm_wakeup());  // epoll itself reports what is queued
+  EXPECT_EQ(poll(&pfd, 1, 2000), 1);
+  EXPECT_EQ(receive(*b->io, 1).size(), 1u);
+  EXPECT_EQ(poll(&pfd, 1, 0), 0);
+  send_one(4);
+  EXPECT_EQ(poll(&pfd, 1, 2000), 1);
+  EXPECT_EQ(receive(*b->io, 1).size(), 1u);
+}
+
 // With more sockets than rx_burst tries one by one, they stay in epoll through a nap: rx_burst asks it.
 TEST(UdpIoTest, ManySocketsStayInPollFdThroughANap) {
   auto a = make_peer("127.0.0.1");

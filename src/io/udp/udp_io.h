@@ -66,17 +66,22 @@ class UdpIo : public Backend {
   std::expected<uint16_t, int /*errno*/> open_port(uint16_t port) override;
   void close_port(uint16_t port) override;
 
-  // Readable (level-triggered) whenever a socket has data, except between nap() and the next arm_wakeup();
-  // nest it in another epoll.
+  // Readable (level-triggered) whenever a socket has data, except between nap() or woke() and the next
+  // arm_wakeup(); nest it in another epoll.
   int poll_fd() const override { return epfd_; }
   // A socket in an epoll costs each datagram that reaches it the kernel's wake-up callbacks, even with no
   // thread asleep there: in an 8-byte UDP ping-pong here, 0.4 us per half round trip (floor-bench's, with
   // an epoll added on its sockets for the measurement), and in the sender's sendmmsg of softrdma's
   // ib_write_lat (epoll in epoll) 4.4 instead of 3.6 us (timed with rdtsc around it). So the sockets are in
   // epfd_ only while a receiver may sleep on it: from arm_wakeup() (before each sleep that watches the
-  // sockets) to nap(). With more sockets than kDirectRecvMaxSockets they stay: rx_burst asks epfd_ which are
-  // readable.
+  // sockets) to nap() or woke() (the receiver is awake and reads them itself). With more sockets than
+  // kDirectRecvMaxSockets they stay: rx_burst asks epfd_ which are readable.
   bool arm_wakeup() override;
+  // A receiver that woke spins and reads the sockets, a busy one (ib_write_bw's server) for as long as data
+  // comes: left in epfd_, every datagram's enqueue ran epoll's callbacks, two levels deep, in the sender's
+  // sendmmsg (socket path, 1 MiB ib_write_bw: 2.5-3.6% of the sending thread's samples, with no thread
+  // asleep anywhere). Two epoll_ctl calls per sleep instead.
+  void woke() override { set_watched(false); }
   // The open sockets, at most `max` of them (else 0); none under fault injection, whose held packets a
   // timer in epfd_ releases.
   int app_wait_fds(pollfd* fds, int max) override;

@@ -5,6 +5,7 @@
 
 #include <sys/uio.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
@@ -36,10 +37,19 @@ class TxSink {
   virtual ~TxSink() = default;
   // Sends every packet, in order. Payload memory need stay valid only until this returns.
   virtual void tx_burst(std::span<TxPacket> pkts) = 0;
+  // For a burst that more packets will follow: sends a prefix of it (one packet at least) and returns its
+  // length; the caller passes the rest again, first, with what follows. A backend that groups packets
+  // (io/udp: GSO messages) may keep back a trailing group that the next packets could fill. By default, all
+  // of them.
+  virtual size_t tx_burst_some(std::span<TxPacket> pkts) {
+    tx_burst(pkts);
+    return pkts.size();
+  }
 };
 
 // A batch the transport fills; full batches (and the rest, at the end of a post or of an rx burst) go to
-// the sink in one call, so one syscall carries many packets.
+// the sink in one call, so one syscall carries many packets. A full one goes by tx_burst_some: what the sink
+// keeps back stays, at the front, for the next call (flush() sends everything).
 struct TxBatch {
   static constexpr uint32_t kMax = 32;
   TxSink* sink = nullptr;
@@ -47,7 +57,7 @@ struct TxBatch {
   TxPacket pkts[kMax];
 
   TxPacket& next() {
-    if (n == kMax) flush();
+    if (n == kMax) flush_full();
     TxPacket& p = pkts[n++];
     p.n_iov = 0;
     p.payload_len = 0;
@@ -59,6 +69,19 @@ struct TxBatch {
       sink->tx_burst(std::span<TxPacket>(pkts, n));
       n = 0;
     }
+  }
+
+ private:
+  void flush_full() {
+    const size_t sent = sink->tx_burst_some(std::span<TxPacket>(pkts, n));
+    if (sent == 0 || sent >= n) {  // (none sent: a sink that broke its word; send them all)
+      if (sent == 0) flush();
+      n = 0;
+      return;
+    }
+    const auto left = static_cast<uint32_t>(n - sent);
+    for (uint32_t k = 0; k < left; ++k) pkts[k] = pkts[sent + k];  // (forward: k < sent + k)
+    n = left;
   }
 };
 

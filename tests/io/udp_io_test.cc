@@ -814,6 +814,46 @@ TEST(UdpIoTest, GsoRunsArriveAsPackets) {
   EXPECT_EQ(count(*b, Counter::rx_packets), 41u);
 }
 
+// tx_burst_some keeps back a GSO message at the end that could take more packets of its size when another
+// goes before it (TxBatch passes the rest again): 32 packets of 4 KiB are 15 + 15 + 2, and the 2 stay.
+TEST(UdpIoTest, TxBurstSomeKeepsBackAnOpenGsoMessageAtTheEnd) {
+  auto a = make_gso_peer("127.0.0.1");
+  auto b = make_peer("127.0.0.1");
+  ASSERT_TRUE(a && b);
+  const Bytes full = pattern(4096, 6), small = pattern(8, 7);
+  auto make = [&](uint32_t n, const Bytes& payload) {
+    std::vector<TxPacket> pkts(n);
+    for (uint32_t i = 0; i < n; ++i) {
+      fill_header(pkts[i], i, 28, 0);
+      pkts[i].src = a->ep();
+      pkts[i].dst = b->ep();
+      attach(pkts[i], payload, 1);
+    }
+    return pkts;
+  };
+  auto pkts = make(32, full);
+  EXPECT_EQ(a->io->tx_burst_some(pkts), 30u);
+  auto got = receive(*b->io, 32, 300);
+  ASSERT_EQ(got.size(), 30u);
+  for (uint32_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].data, expected_bytes(pkts[i])) << i;
+  // The two, passed again with more: 15 + 15, both full: all go.
+  std::vector<TxPacket> rest(pkts.begin() + 30, pkts.end());
+  for (const TxPacket& p : make(28, full)) rest.push_back(p);
+  EXPECT_EQ(a->io->tx_burst_some(rest), 30u);
+  EXPECT_EQ(receive(*b->io, 30).size(), 30u);
+  // One message alone is sent, open or not; so are small packets (one message of 32).
+  auto ten = make(10, full);
+  EXPECT_EQ(a->io->tx_burst_some(ten), 10u);
+  auto tiny = make(32, small);
+  EXPECT_EQ(a->io->tx_burst_some(tiny), 32u);
+  EXPECT_EQ(receive(*b->io, 42).size(), 42u);
+  // tx_burst sends everything.
+  auto all = make(32, full);
+  a->io->tx_burst(all);
+  EXPECT_EQ(receive(*b->io, 32).size(), 32u);
+  EXPECT_EQ(count(*b, Counter::drop_bad_icrc), 0u);
+}
+
 // A buffer that holds fewer coalesced datagrams than a receive call asks for (as one capped by rmem_max
 // does) never fills a call's batch: its drops are counted when the burst ends. (The kernel counts each
 // dropped coalesced datagram once, whatever number of packets it held.)

@@ -692,7 +692,11 @@ uint64_t ring_len(const TxPacket& p) {
 }
 }  // namespace
 
-void ShmIo::tx_burst(std::span<TxPacket> pkts) {
+void ShmIo::tx_burst(std::span<TxPacket> pkts) { (void)send(pkts, false); }
+
+size_t ShmIo::tx_burst_some(std::span<TxPacket> pkts) { return send(pkts, true); }
+
+size_t ShmIo::send(std::span<TxPacket> pkts, bool partial) {
   const uint64_t now = coarse_now_ns();
   size_t run = 0;  // start of the packets not yet handed to UDP
   constexpr uint32_t kMaxWake = 8;
@@ -749,7 +753,13 @@ void ShmIo::tx_burst(std::span<TxPacket> pkts) {
       wake_port[n_wake++] = p.src.port;
     }
   }
-  if (run < pkts.size()) udp_->tx_burst(pkts.subspan(run));
+  size_t done = pkts.size();
+  if (run < pkts.size()) {
+    if (partial)
+      done = run + udp_->tx_burst_some(pkts.subspan(run));  // the UDP packets at the end: as UdpIo keeps them
+    else
+      udp_->tx_burst(pkts.subspan(run));
+  }
   for (uint32_t k = 0; k < n_wake; ++k) wake(*to_wake[k], wake_port[k]);
   if (sent != 0) {
     counters_->add(Counter::tx_packets, sent);
@@ -758,6 +768,7 @@ void ShmIo::tx_burst(std::span<TxPacket> pkts) {
   }
   if (full != 0) counters_->add(Counter::drop_shm_ring_full, full);
   if (streamed != 0) counters_->add(Counter::tx_shm_streamed, streamed);
+  return done;
 }
 
 // The ring is full: wake its receiver if it sleeps, and give it up to *budget (shared by one tx_burst) to

@@ -97,6 +97,8 @@ class ShmIo : public Backend {
   void close_port(uint16_t port) override;
   // Packets to a published port of this host go into its ring, the others to UDP (in order per destination).
   void tx_burst(std::span<TxPacket> pkts) override;
+  // The same; UDP packets at its end go by UdpIo::tx_burst_some.
+  size_t tx_burst_some(std::span<TxPacket> pkts) override;
   // UDP packets, then ring packets (a doorbell read here means its packet is in the ring: it is read in the
   // same call). They stay valid until the next call.
   uint32_t rx_burst(RxPacket* out, uint32_t max) override;
@@ -165,6 +167,8 @@ class ShmIo : public Backend {
   void wake(Peer& p, uint16_t src_port);
   int open_access(Peer& p);
   std::string access_path(int pid, uint32_t serial) const;
+  // tx_burst (partial false) and tx_burst_some: the packets sent, dropped or counted as dropped.
+  size_t send(std::span<TxPacket> pkts, bool partial);
   shm::Slot* claim_waiting(Peer& p, uint64_t* pos, uint16_t src_port, int64_t* budget);
 
   std::unique_ptr<UdpIo> udp_;

@@ -171,6 +171,13 @@ struct UdpIo::TxScratch {
   uint32_t len[kTxChunk];       // UDP payload bytes of each message
   uint32_t npkts[kTxChunk];     // packets in each message
   uint32_t seg_size[kTxChunk];  // the size of each packet but the last of a GSO message
+  uint32_t first[kTxChunk];     // each message's first packet: its index in the burst
+  uint32_t first_pkt[kTxChunk];       // ... and in pkt[]
+  uint64_t dropped_before[kTxChunk];  // packets dropped before each message began
+  struct {
+    uint32_t index;  // in the burst
+    uint16_t ip_id;  // its IPv4 ID: its place in its GSO message
+  } pkt[kTxChunk];   // the packets of the chunk, in order, whose ICRCs go into trailer[]
   // The pieces of the packet whose ICRC is being computed. Here rather than on tx_burst's stack, where
   // constructing the 18 spans (std::span zeroes itself) cost 42 instructions a call.
   std::span<const uint8_t> segs[kMaxPayloadIov + 2];
@@ -439,7 +446,11 @@ UdpIo::TxScratch& UdpIo::scratch() {
   return t;
 }
 
-void UdpIo::tx_burst(std::span<TxPacket> pkts) {
+void UdpIo::tx_burst(std::span<TxPacket> pkts) { (void)send(pkts, false); }
+
+size_t UdpIo::tx_burst_some(std::span<TxPacket> pkts) { return send(pkts, true); }
+
+size_t UdpIo::send(std::span<TxPacket> pkts, bool keep_open_tail) {
   TxScratch& t = scratch();
   Socket* last = nullptr;
   uint64_t dropped = 0;
@@ -488,42 +499,57 @@ void UdpIo::tx_burst(std::span<TxPacket> pkts) {
         t.npkts[m] = 0;
         t.seg_size[m] = static_cast<uint32_t>(len);
         t.dst[m] = p.dst;
+        t.first[m] = static_cast<uint32_t>(i);
+        t.first_pkt[m] = n_pkt;
+        t.dropped_before[m] = dropped;
         ++m;
         open = gso_;
       }
       if (join_last) open = false;  // a shorter segment ends the message
       msghdr& h = t.msgs[m - 1].msg_hdr;
-      // Segments covered by the ICRC: header, payload pieces, pad zeros. Segment k of a GSO message leaves
-      // with IPv4 ID k (the kernel numbers them from the message's 0).
-      std::span<const uint8_t>* const segs = t.segs;
-      uint32_t nseg = 0;
+      // The header, the payload pieces, and the trailer (pad and ICRC, computed below). Segment k of a GSO
+      // message leaves with IPv4 ID k (the kernel numbers them from the message's 0).
       iovec* iov = &t.iov[n_iov];
       iov[0] = iovec{p.hdr, p.hdr_len};
-      segs[nseg++] = std::span<const uint8_t>(p.hdr, p.hdr_len);
-      for (uint32_t k = 0; k < p.n_iov; ++k) {
-        iov[1 + k] = p.iov[k];
-        segs[nseg++] =
-            std::span<const uint8_t>(static_cast<const uint8_t*>(p.iov[k].iov_base), p.iov[k].iov_len);
-      }
-      if (pad != 0) segs[nseg++] = std::span<const uint8_t>(kZeros, pad);
-      // The next packet's payload is read while this one's ICRC is computed (io/prefetch.h). (Its n_iov is
-      // checked only when its turn comes: bounded here.)
-      if (i + 1 < pkts.size()) {
-        const TxPacket& next = pkts[i + 1];
-        for (uint32_t k = 0; k < std::min(next.n_iov, kMaxPayloadIov); ++k)
-          prefetch_read(next.iov[k].iov_base, next.iov[k].iov_len);
-      }
-      const auto ip_id = static_cast<uint16_t>(t.npkts[m - 1]);
-      const uint32_t icrc =
-          wire::icrc_for_udp(src, p.dst, std::span<const std::span<const uint8_t>>(segs, nseg), ip_id);
-      uint8_t* trailer = t.trailer[n_pkt++];
-      std::memset(trailer, 0, pad);
-      wire::store_icrc(trailer + pad, icrc);
-      iov[1 + p.n_iov] = iovec{trailer, pad + wire::kIcrcLen};
+      for (uint32_t k = 0; k < p.n_iov; ++k) iov[1 + k] = p.iov[k];
+      iov[1 + p.n_iov] = iovec{t.trailer[n_pkt], pad + wire::kIcrcLen};
+      t.pkt[n_pkt++] = {static_cast<uint32_t>(i), static_cast<uint16_t>(t.npkts[m - 1])};
       n_iov += p.n_iov + 2;
       h.msg_iovlen += p.n_iov + 2;
       t.len[m - 1] += static_cast<uint32_t>(len);
       ++t.npkts[m - 1];
+    }
+    // The end of a burst that more packets will follow (keep_open_tail), in a message that could take
+    // more of its size, after another message: kept back, for the next call to fill.
+    const bool keep = keep_open_tail && i == pkts.size() && m > 1 && open &&
+                      t.npkts[m - 1] < kMaxGsoSegments && t.len[m - 1] + t.seg_size[m - 1] <= kMaxGsoBytes;
+    if (keep) {
+      --m;
+      i = t.first[m];
+      n_pkt = t.first_pkt[m];
+      dropped = t.dropped_before[m];
+    }
+    // The ICRCs: the segments it covers are the header, payload pieces and pad zeros. The next packet's
+    // payload is read while this one's ICRC is computed (io/prefetch.h).
+    std::span<const uint8_t>* const segs = t.segs;
+    for (uint32_t k = 0; k < n_pkt; ++k) {
+      const TxPacket& p = pkts[t.pkt[k].index];
+      const uint32_t pad = p.pad & 3u;
+      uint32_t nseg = 0;
+      segs[nseg++] = std::span<const uint8_t>(p.hdr, p.hdr_len);
+      for (uint32_t j = 0; j < p.n_iov; ++j)
+        segs[nseg++] =
+            std::span<const uint8_t>(static_cast<const uint8_t*>(p.iov[j].iov_base), p.iov[j].iov_len);
+      if (pad != 0) segs[nseg++] = std::span<const uint8_t>(kZeros, pad);
+      if (k + 1 < n_pkt) {
+        const TxPacket& next = pkts[t.pkt[k + 1].index];
+        for (uint32_t j = 0; j < next.n_iov; ++j) prefetch_read(next.iov[j].iov_base, next.iov[j].iov_len);
+      }
+      const uint32_t icrc = wire::icrc_for_udp(
+          src, p.dst, std::span<const std::span<const uint8_t>>(segs, nseg), t.pkt[k].ip_id);
+      uint8_t* trailer = t.trailer[k];
+      std::memset(trailer, 0, pad);
+      wire::store_icrc(trailer + pad, icrc);
     }
     // Messages of several segments carry UDP_SEGMENT.
     for (uint32_t k = 0; k < m; ++k) {
@@ -539,8 +565,10 @@ void UdpIo::tx_burst(std::span<TxPacket> pkts) {
       std::memcpy(CMSG_DATA(c), &seg, sizeof seg);
     }
     if (m != 0) send_chunk(*s, t, m);
+    if (keep) break;
   }
   if (dropped != 0) tx_dropped_.fetch_add(dropped, std::memory_order_relaxed);
+  return i;
 }
 
 // Sends t.msgs[0, n) on `s`; partial sends continue, EAGAIN/ENOBUFS waits briefly, other errors drop the

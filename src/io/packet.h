@@ -74,8 +74,11 @@ struct TxBatch {
  private:
   void flush_full() {
     const size_t sent = sink->tx_burst_some(std::span<TxPacket>(pkts, n));
-    if (sent == 0 || sent >= n) {  // (none sent: a sink that broke its word; send them all)
-      if (sent == 0) flush();
+    if (sent == 0) {  // a sink that broke its word: send them all
+      flush();
+      return;
+    }
+    if (sent >= n) {
       n = 0;
       return;
     }

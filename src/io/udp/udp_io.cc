@@ -171,8 +171,7 @@ struct UdpIo::TxScratch {
   uint32_t len[kTxChunk];       // UDP payload bytes of each message
   uint32_t npkts[kTxChunk];     // packets in each message
   uint32_t seg_size[kTxChunk];  // the size of each packet but the last of a GSO message
-  uint32_t first[kTxChunk];     // each message's first packet: its index in the burst
-  uint32_t first_pkt[kTxChunk];       // ... and in pkt[]
+  uint32_t first_pkt[kTxChunk];       // each message's first packet in pkt[]
   uint64_t dropped_before[kTxChunk];  // packets dropped before each message began
   struct {
     uint32_t index;  // in the burst
@@ -499,7 +498,6 @@ size_t UdpIo::send(std::span<TxPacket> pkts, bool keep_open_tail) {
         t.npkts[m] = 0;
         t.seg_size[m] = static_cast<uint32_t>(len);
         t.dst[m] = p.dst;
-        t.first[m] = static_cast<uint32_t>(i);
         t.first_pkt[m] = n_pkt;
         t.dropped_before[m] = dropped;
         ++m;
@@ -525,8 +523,8 @@ size_t UdpIo::send(std::span<TxPacket> pkts, bool keep_open_tail) {
                       t.npkts[m - 1] < kMaxGsoSegments && t.len[m - 1] + t.seg_size[m - 1] <= kMaxGsoBytes;
     if (keep) {
       --m;
-      i = t.first[m];
       n_pkt = t.first_pkt[m];
+      i = t.pkt[n_pkt].index;
       dropped = t.dropped_before[m];
     }
     // The ICRCs: the segments it covers are the header, payload pieces and pad zeros. The next packet's

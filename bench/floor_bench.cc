@@ -19,7 +19,7 @@
 //                                               send that server the datagrams of RC WRITEs at path MTU
 //                                               4096 for SECONDS (4 KiB payloads in turn from a SIZE-byte
 //                                               buffer, 12-byte headers and 4-byte trailers around them, GSO
-//                                               messages of 15, sendmmsg of 4), as softrdma's socket path
+//                                               messages of 15, sendmmsg of 2), as softrdma's socket path
 //                                               sends them; no ICRC, no transport, one copy a side by the
 //                                               kernel: the bound the socket path's bandwidth meets first.
 //                                               Prints the rate the server received (bytes_per_sec; its
@@ -98,13 +98,19 @@ constexpr size_t kMaxDatagram = 65507;  // IPv4 UDP payload limit
   std::exit(1);
 }
 
+// 127.0.0.1:port.
+sockaddr_in loopback_addr(uint16_t port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  return a;
+}
+
 int loopback_socket(uint16_t bind_port) {
   const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK, 0);
   if (fd < 0) die("socket");
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(bind_port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sockaddr_in a = loopback_addr(bind_port);
   if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) die("bind 127.0.0.1");
   return fd;
 }
@@ -231,10 +237,7 @@ bool recv_spin(int fd, char* buf, size_t size, Clock::duration timeout, bool ref
 // A client socket connected to the server on 127.0.0.1:port.
 int client_socket(uint16_t port) {
   const int fd = loopback_socket(0);
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(port);
-  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sockaddr_in to = loopback_addr(port);
   if (connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) die("connect");
   return fd;
 }
@@ -352,13 +355,14 @@ int udp_client_rc(uint16_t port, size_t size, long iters) {
 
 // udp-stream: what the socket path's bandwidth meets first (see the top of the file). A data datagram is a
 // middle RC WRITE packet at path MTU 4096: a 12-byte header, 4 KiB of payload from the source buffer, a
-// 4-byte trailer; the sender puts them in GSO messages of 15 and sends four messages per sendmmsg, as
-// softrdma's requester does (up to 64 packets a call, 15 to a message), from an unconnected socket. Control
+// 4-byte trailer; the sender puts them in GSO messages of 15 and sends two messages per sendmmsg, as
+// softrdma's socket path does (a full batch of 32 packets goes as 15 + 15, the rest kept back for the next:
+// io/packet.h, TxBatch), from an unconnected socket. Control
 // datagrams (one byte) go on a second socket, so that the kernel never coalesces them with data: 'h' (the
 // server answers 'h') and 'e' (the server answers with its count and exits).
 constexpr size_t kStreamHeader = 12, kStreamPayload = 4096, kStreamTrailer = 4;
 constexpr size_t kStreamSegment = kStreamHeader + kStreamPayload + kStreamTrailer;
-constexpr uint32_t kStreamSegsPerMsg = 15, kStreamMsgsPerCall = 4;
+constexpr uint32_t kStreamSegsPerMsg = 15, kStreamMsgsPerCall = 2;
 constexpr int kStreamRcvBuf = 32 << 20;  // softrdma's socket receive buffer
 constexpr uint32_t kStreamRxBatch = 32;
 constexpr size_t kStreamRxBuf = 64 << 10;
@@ -443,10 +447,7 @@ int udp_stream_client(uint16_t port, size_t size, double seconds) {
     return 1;
   }
   const int fd = loopback_socket(0);  // unconnected, as softrdma's: each message names its destination
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(port);
-  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sockaddr_in to = loopback_addr(port);
   // The application's buffer: page-aligned, written first (as perftest's), its payloads sent in turn.
   void* mem = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) die("mmap");

@@ -16,27 +16,27 @@ Runs on this machine, every process on 127.0.0.1:
   floor      floor-bench: a busy-polling UDP ping-pong and a memcpy loop; and at 8 B udp_pingpong_rc, the
              ping-pong of what an RC WRITE ping-pong sends per half round trip (the WRITE and its ACK in one
              GSO send, received coalesced), with no work around it; at 1 MiB udp_stream, a UDP stream of
-             datagrams laid out as the socket path's 4 KiB WRITE packets, sent and received as softrdma
-             sends and receives them (GSO sends, coalesced receives), with no ICRC and no transport; at 8 B mem_pingpong, a ping-pong of
-             pwrite calls on each other's /proc/<pid>/mem between two processes (a same-host one-sided WRITE
-             of 8 B with no work around it); memcpy of 1 MiB from 64 pairs of buffers in turn (QPs
-             column: 64), the working set of 64 QPs' buffers; and kernel_copy, the kernel copying 64 such
-             buffers (written by the process first, as perftest fills its own) into a file, first time
-             (kernel_copy_first) and second: what sendmmsg does with the socket path's payloads; and
-             machine: a system call's cost (getppid), the pauses of a thread that spins alone on each
-             CPU (printed beside the targets: every latency figure here includes them) and how much slower
-             the slowest CPU runs the same work than the fastest (cpu_speed_spread), and how long a cache
-             line takes to go from one CPU to another (line_handoff_ns, per pass: the CPUs' placement,
-             which moves the figures of every transfer between two processes); and at 8 B
-             udp_pingpong_block, the UDP ping-pong with blocking receives (ib_send_lat -e's floor)
+             datagrams laid out as the socket path's 4 KiB WRITE packets, sent and received as softrdma sends
+             and receives them (GSO sends, coalesced receives), with no ICRC and no transport; at 8 B
+             mem_pingpong, a ping-pong of pwrite calls on each other's /proc/<pid>/mem between two processes
+             (a same-host one-sided WRITE of 8 B with no work around it); memcpy of 1 MiB from 64 pairs of
+             buffers in turn (QPs column: 64), the working set of 64 QPs' buffers; and kernel_copy, the kernel
+             copying 64 such buffers (written by the process first, as perftest fills its own) into a file,
+             first time (kernel_copy_first) and second: what sendmmsg does with the socket path's payloads;
+             and machine: a system call's cost (getppid), the pauses of a thread that spins alone on each CPU
+             (printed beside the targets: every latency figure here includes them) and how much slower the
+             slowest CPU runs the same work than the fastest (cpu_speed_spread), and how long a cache line
+             takes to go from one CPU to another (line_handoff_ns, per pass: the CPUs' placement, which moves
+             the figures of every transfer between two processes); and at 8 B udp_pingpong_block, the UDP
+             ping-pong with blocking receives (ib_send_lat -e's floor)
 
-Every case runs --runs times (the cases interleaved, so that a change in the machine's load touches every
-tool alike; in each pass the cases that a target compares run one after the other, then the rest) and each
-figure is the median with its min and max. Each target's ratio of medians is followed by the ratios run by
-run (run k of one case over run k of the other, from the same pass), and those again for the pairs of runs
-that ran with the CPUs close and with them far (floor-bench placement before and after each run). Output
-(DIR, default BUILD/bench): table.txt (what is printed), results.csv (every run's raw figures), results.json (raw figures, medians, targets),
-plot.png (bandwidth and latency against size).
+Every case runs --runs times (the cases interleaved, so that a change in the machine's load touches every tool
+alike; in each pass the cases that a target compares run one after the other, then the rest) and each figure
+is the median with its min and max. Each target's ratio of medians is followed by the ratios run by run (run k
+of one case over run k of the other, from the same pass), and those again for the pairs of runs that ran with
+the CPUs close and with them far (floor-bench placement before and after each run). Output (DIR, default
+BUILD/bench): table.txt (what is printed), results.csv (every run's raw figures), results.json (raw figures,
+medians, targets), plot.png (bandwidth and latency against size).
 
 Units: bandwidth is printed in GB/s (10^9 B/s) and MiB/s. perftest's MB/sec and UCX's MB/s are MiB/s,
 qperf's bytes/sec (with -uu) are bytes, fi_pingpong's MB/sec is 10^6 B/s (both directions of its ping-pong).
@@ -604,11 +604,9 @@ class Runner:
         if case.test == "udp_stream":
             secs = 0.3 if self.quick else 1.5
             port = self.ports.take()
-            server, client = self.pair(case, run, [exe, "udp-stream-server", str(port)],
-                                       [exe, "udp-stream-client", str(port), str(case.size), str(secs)], self.env())
-            vals = keyvals(client.output())
-            if client.rc != 0 or "bytes_per_sec" not in vals:
-                raise Missing(f"floor-bench udp-stream-client exit {client.rc}: {tail(client.output())}")
+            server, client, vals = self.floor_pair(case, run, [exe, "udp-stream-server", str(port)],
+                                                   [exe, "udp-stream-client", str(port), str(case.size), str(secs)],
+                                                   "bytes_per_sec")
             bw = float(vals["bytes_per_sec"])
             r = {"bw": bw, "rate": bw / case.size, "ops": max(1, round(bw * float(vals["seconds"]) / case.size))}
             return self.finish(case, r, server, client)
@@ -625,14 +623,21 @@ class Runner:
                     "ops": iters, "cpu_client_us": p.cpu_s * 1e6 / iters}
         port = self.ports.take()
         rc = {"udp_pingpong_rc": ["rc"], "udp_pingpong_block": ["block"]}.get(case.test, [])
-        server, client = self.pair(case, run, [exe, "udp-server", str(port)] + rc,
-                                   [exe, "udp-client", str(port), str(case.size), str(iters)] + rc, self.env())
-        vals = keyvals(client.output())
-        if client.rc != 0 or "half_rtt_avg_us" not in vals:
-            raise Missing(f"floor-bench udp-client exit {client.rc}: {tail(client.output())}")
+        server, client, vals = self.floor_pair(case, run, [exe, "udp-server", str(port)] + rc,
+                                               [exe, "udp-client", str(port), str(case.size), str(iters)] + rc,
+                                               "half_rtt_avg_us")
         r = {"lat_us": float(vals["half_rtt_avg_us"]), "lat_typical_us": float(vals["half_rtt_median_us"]),
              "ops": iters}
         return self.finish(case, r, server, client)
+
+    def floor_pair(self, case, run, server_argv, client_argv, key):
+        """Runs a floor-bench server and client (pair): both Procs and the client's key=values; Missing unless
+        the client exited 0 and printed `key`."""
+        server, client = self.pair(case, run, server_argv, client_argv, self.env())
+        vals = keyvals(client.output())
+        if client.rc != 0 or key not in vals:
+            raise Missing(f"floor-bench {client_argv[1]} exit {client.rc}: {tail(client.output())}")
+        return server, client, vals
 
     def placement(self):
         """floor-bench placement's line_handoff_ns (the CPUs' placement at this moment), or None."""
@@ -1221,7 +1226,7 @@ def table(cases, meta, tgts):
     if med(stream, "bw") and med(tcp, "bw"):
         # What the 1 MiB bandwidth target meets first: the same datagrams with none of softrdma's work.
         mine = find(cases, "softrdma", "ib_write_bw", "sr_lo", MIB, 1, socket_case_variant(cases))
-        close = (run_by_run_placed(stream, "bw", tcp, "bw", least_placement(cases)) or {}).get("close")
+        close = run_by_run_placed(stream, "bw", tcp, "bw", least_placement(cases)).get("close")
         w(f"  (the socket path's bare stream, udp_stream: {fmt(med(stream, 'bw') * 1e-9)} GB/s = "
           f"{med(stream, 'bw') / med(tcp, 'bw'):.2f}x qperf tcp_bw 1 MiB"
           + (f" (close placement, {close['n']} of its runs: {close['median']:.2f}x)" if close else "")
@@ -1394,9 +1399,10 @@ def main():
                                 "20 us ones in milliseconds"}}
     runner = Runner(args, build, out)
     todo = execution_order([c for c in cases if not c.missing])
-    # The runs of the cases that targets compare are each framed by the CPUs' placement (floor-bench
-    # placement, before and after), so that their ratios can also be read placement by placement. Such cases
-    # run one after the other (execution_order): one run's probe after is the next one's before.
+    # The runs of the cases that targets compare, and of the floors printed beside them, are each framed by
+    # the CPUs' placement (floor-bench placement, before and after), so that their ratios can also be read
+    # placement by placement. Such cases run one after the other (execution_order): one run's probe after is
+    # the next one's before.
     compared = {i for t in targets(todo) for i in t["case_ids"]}
     compared |= {c.id for pair in beside_targets(todo) for c in pair if c is not None}
     started = time.monotonic()

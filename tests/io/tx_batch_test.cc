@@ -2,6 +2,7 @@
 // and once; flush() sends everything.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <vector>
 
 #include "io/packet.h"

@@ -24,6 +24,13 @@
 //                                               kernel: the bound the socket path's bandwidth meets first.
 //                                               Prints the rate the server received (bytes_per_sec; its
 //                                               first receive to its last) and the share of what was sent
+//   floor-bench udp-stream-client PORT SIZE SECONDS splice
+//                                               the same datagrams with no copy on the sender: the payloads'
+//                                               pages handed to the kernel by vmsplice into a pipe and
+//                                               splice from it into the corked datagram (a zero-copy send
+//                                               that loopback delivers as it is, unlike MSG_ZEROCOPY's);
+//                                               GSO messages of 8, the most that fit an skb's 17 page
+//                                               fragments (payload, then the trailer and next header)
 //   floor-bench memcpy SIZE SECONDS [PAIRS]     copy SIZE bytes between two buffers, again and again, for
 //                                               SECONDS; with PAIRS, between PAIRS pairs of buffers in turn
 //                                               (64 pairs of 1 MiB: the working set of 64 QPs' buffers)
@@ -79,6 +86,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -439,7 +447,64 @@ size_t stream_control(int fd, char what, char* answer, size_t size) {
   return 0;
 }
 
-int udp_stream_client(uint16_t port, size_t size, double seconds) {
+// The splice mode's sender (see the top of the file): per GSO message, the first header by sendmsg with
+// MSG_MORE (which names the destination and the segment size and corks the datagram), the payloads and the
+// headers between them by vmsplice into a pipe (page references, no copy) and splice into the socket, and
+// the last trailer by a send without MSG_MORE, which ends the datagram. Each of the kernel's skbs holds at
+// most 17 page fragments: a payload and a trailer-and-next-header (adjacent, one fragment) per packet.
+class SpliceSender {
+ public:
+  static constexpr uint32_t kPerMsg = 8;
+
+  explicit SpliceSender(int fd) : fd_(fd) {
+    if (pipe(pipe_) != 0) die("pipe");
+    if (fcntl(pipe_[1], F_SETPIPE_SZ, 1 << 20) < 0) die("F_SETPIPE_SZ");  // room for several messages
+  }
+  ~SpliceSender() {
+    close(pipe_[0]);
+    close(pipe_[1]);
+  }
+
+  // Sends `n` packets (n <= kPerMsg) whose payloads are `payloads`, as one GSO message to `to`.
+  void send_message(const char* const* payloads, uint32_t n, const sockaddr_in& to) {
+    iovec first{ht_[0] + kStreamTrailer, kStreamHeader};
+    msghdr h{};
+    h.msg_name = const_cast<sockaddr_in*>(&to);
+    h.msg_namelen = sizeof to;
+    h.msg_iov = &first;
+    h.msg_iovlen = 1;
+    alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(uint16_t))] = {};
+    set_gso(h, ctrl, sizeof ctrl, kStreamSegment);
+    while (sendmsg(fd_, &h, MSG_MORE) != static_cast<ssize_t>(kStreamHeader))
+      if (errno != EINTR && errno != ENOBUFS && errno != EAGAIN) die("sendmsg MSG_MORE");
+    iovec v[2 * kPerMsg];
+    int k = 0;
+    for (uint32_t i = 0; i < n; ++i) {
+      v[k++] = iovec{const_cast<char*>(payloads[i]), kStreamPayload};
+      if (i + 1 < n) v[k++] = iovec{ht_[i + 1], kStreamTrailer + kStreamHeader};
+    }
+    size_t left = n * kStreamSegment - kStreamHeader - kStreamTrailer;
+    if (vmsplice(pipe_[1], v, static_cast<unsigned long>(k), 0) != static_cast<ssize_t>(left))
+      die("vmsplice");
+    while (left > 0) {
+      const ssize_t r = splice(pipe_[0], nullptr, fd_, nullptr, left, SPLICE_F_MORE);
+      if (r < 0 && (errno == EINTR || errno == ENOBUFS || errno == EAGAIN)) continue;
+      if (r <= 0) die("splice");
+      left -= static_cast<size_t>(r);
+    }
+    while (send(fd_, ht_[n], kStreamTrailer, 0) != static_cast<ssize_t>(kStreamTrailer))
+      if (errno != EINTR && errno != ENOBUFS && errno != EAGAIN) die("send");
+  }
+
+ private:
+  int fd_;
+  int pipe_[2] = {-1, -1};
+  // The trailer of packet i and the header of packet i + 1, adjacent; never written while pages in flight
+  // may still point at them (all zero).
+  char ht_[kPerMsg + 1][kStreamTrailer + kStreamHeader] = {};
+};
+
+int udp_stream_client(uint16_t port, size_t size, double seconds, bool splice_pages) {
   const int ctl = client_socket(port);
   char answer[256];
   if (stream_control(ctl, 'h', answer, sizeof answer) == 0) {
@@ -467,6 +532,8 @@ int udp_stream_client(uint16_t port, size_t size, double seconds) {
     h.msg_iovlen = kStreamSegsPerMsg * 3;
     set_gso(h, ctrl[m], sizeof ctrl[m], kStreamSegment);
   }
+  std::optional<SpliceSender> splicer;
+  if (splice_pages) splicer.emplace(fd);
   size_t off = 0;
   uint64_t sent = 0;
   const auto start = Clock::now();
@@ -478,14 +545,24 @@ int udp_stream_client(uint16_t port, size_t size, double seconds) {
       iov[3 * p + 2] = iovec{trailers[p], kStreamTrailer};
       off = off + 2 * kStreamPayload <= size ? off + kStreamPayload : 0;
     }
-    int done = 0;
-    while (done < static_cast<int>(kStreamMsgsPerCall)) {
-      const int r = sendmmsg(fd, msgs + done, kStreamMsgsPerCall - done, 0);
-      if (r < 0) {
-        if (errno == EINTR || errno == ENOBUFS || errno == EAGAIN) continue;
-        die("sendmmsg");
+    if (splicer) {
+      const char* payloads[SpliceSender::kPerMsg];
+      for (uint32_t p = 0; p < kStreamMsgsPerCall * kStreamSegsPerMsg; p += SpliceSender::kPerMsg) {
+        const uint32_t n = std::min(SpliceSender::kPerMsg, kStreamMsgsPerCall * kStreamSegsPerMsg - p);
+        for (uint32_t i = 0; i < n; ++i)
+          payloads[i] = static_cast<const char*>(iov[3 * (p + i) + 1].iov_base);
+        splicer->send_message(payloads, n, to);
       }
-      done += r;
+    } else {
+      int done = 0;
+      while (done < static_cast<int>(kStreamMsgsPerCall)) {
+        const int r = sendmmsg(fd, msgs + done, kStreamMsgsPerCall - done, 0);
+        if (r < 0) {
+          if (errno == EINTR || errno == ENOBUFS || errno == EAGAIN) continue;
+          die("sendmmsg");
+        }
+        done += r;
+      }
     }
     sent += kStreamMsgsPerCall * kStreamSegsPerMsg * kStreamSegment;
     s = std::chrono::duration<double>(Clock::now() - start).count();
@@ -804,7 +881,7 @@ int usage() {
                "usage: floor-bench udp-server PORT [rc|block]\n"
                "       floor-bench udp-client PORT SIZE ITERS [rc|block]\n"
                "       floor-bench udp-stream-server PORT\n"
-               "       floor-bench udp-stream-client PORT SIZE SECONDS\n"
+               "       floor-bench udp-stream-client PORT SIZE SECONDS [splice]\n"
                "       floor-bench memcpy SIZE SECONDS [PAIRS]\n"
                "       floor-bench kernel-copy SIZE PAIRS\n"
                "       floor-bench mem-pingpong SIZE ITERS\n"
@@ -833,13 +910,14 @@ int main(int argc, char** argv) {
               : udp_client(static_cast<uint16_t>(num(2)), size, iters, block);
   }
   if (cmd == "udp-stream-server" && argc == 3) return udp_stream_server(static_cast<uint16_t>(num(2)));
-  if (cmd == "udp-stream-client" && argc == 5) {
+  const bool splice_pages = argc == 6 && std::string_view(argv[5]) == "splice";
+  if (cmd == "udp-stream-client" && (argc == 5 || splice_pages)) {
     const size_t size = num(3);
     const double seconds = std::strtod(argv[4], nullptr);
     if (size < 2 * kStreamPayload || size % kStreamPayload != 0 || size > (size_t{1} << 30) ||
         !(seconds > 0) || seconds > 60)
       return usage();
-    return udp_stream_client(static_cast<uint16_t>(num(2)), size, seconds);
+    return udp_stream_client(static_cast<uint16_t>(num(2)), size, seconds, splice_pages);
   }
   if (cmd == "memcpy" && (argc == 4 || argc == 5)) {
     const double seconds = std::strtod(argv[3], nullptr);

@@ -475,9 +475,8 @@ TEST(UdpIoTest, TxDropsWhatItCannotSend) {
   EXPECT_EQ(count(*a, Counter::tx_packets), 1u);
   EXPECT_EQ(receive(*b->io, 1).size(), 1u);
 
-  // A packet that claims more payload pieces than a packet holds is dropped; the one before it, sent while
-  // the next one's payload is prefetched, reads no further than the burst (ASan: the claim reaches past
-  // this exactly sized array).
+  // A packet that claims more payload pieces than a packet holds is dropped; the one before it is sent,
+  // and nothing reads past the burst (ASan: the claim reaches past this exactly sized array).
   auto two = std::make_unique<TxPacket[]>(2);
   for (uint32_t k = 0; k < 2; ++k) {
     fill_header(two[k], 2 + k, 12, 0);

@@ -371,6 +371,7 @@ int udp_client_rc(uint16_t port, size_t size, long iters) {
 constexpr size_t kStreamHeader = 12, kStreamPayload = 4096, kStreamTrailer = 4;
 constexpr size_t kStreamSegment = kStreamHeader + kStreamPayload + kStreamTrailer;
 constexpr uint32_t kStreamSegsPerMsg = 15, kStreamMsgsPerCall = 2;
+constexpr uint32_t kStreamPktsPerCall = kStreamMsgsPerCall * kStreamSegsPerMsg;
 constexpr int kStreamRcvBuf = 32 << 20;  // softrdma's socket receive buffer
 constexpr uint32_t kStreamRxBatch = 32;
 constexpr size_t kStreamRxBuf = 64 << 10;
@@ -447,6 +448,9 @@ size_t stream_control(int fd, char what, char* answer, size_t size) {
   return 0;
 }
 
+// A send that the kernel refused for now (a full buffer or queue, a signal): the caller tries again.
+bool send_again(int err) { return err == EINTR || err == ENOBUFS || err == EAGAIN; }
+
 // The splice mode's sender (see the top of the file): per GSO message, the first header by sendmsg with
 // MSG_MORE (which names the destination and the segment size and corks the datagram), the payloads and the
 // headers between them by vmsplice into a pipe (page references, no copy) and splice into the socket, and
@@ -476,7 +480,7 @@ class SpliceSender {
     alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(uint16_t))] = {};
     set_gso(h, ctrl, sizeof ctrl, kStreamSegment);
     while (sendmsg(fd_, &h, MSG_MORE) != static_cast<ssize_t>(kStreamHeader))
-      if (errno != EINTR && errno != ENOBUFS && errno != EAGAIN) die("sendmsg MSG_MORE");
+      if (!send_again(errno)) die("sendmsg MSG_MORE");
     iovec v[2 * kPerMsg];
     int k = 0;
     for (uint32_t i = 0; i < n; ++i) {
@@ -488,12 +492,12 @@ class SpliceSender {
       die("vmsplice");
     while (left > 0) {
       const ssize_t r = splice(pipe_[0], nullptr, fd_, nullptr, left, SPLICE_F_MORE);
-      if (r < 0 && (errno == EINTR || errno == ENOBUFS || errno == EAGAIN)) continue;
+      if (r < 0 && send_again(errno)) continue;
       if (r <= 0) die("splice");
       left -= static_cast<size_t>(r);
     }
     while (send(fd_, ht_[n], kStreamTrailer, 0) != static_cast<ssize_t>(kStreamTrailer))
-      if (errno != EINTR && errno != ENOBUFS && errno != EAGAIN) die("send");
+      if (!send_again(errno)) die("send");
   }
 
  private:
@@ -518,9 +522,9 @@ int udp_stream_client(uint16_t port, size_t size, double seconds, bool splice_pa
   if (mem == MAP_FAILED) die("mmap");
   std::memset(mem, 0x5a, size);
   const auto* src = static_cast<const char*>(mem);
-  static char headers[kStreamMsgsPerCall * kStreamSegsPerMsg][kStreamHeader];
-  static char trailers[kStreamMsgsPerCall * kStreamSegsPerMsg][kStreamTrailer];
-  iovec iov[kStreamMsgsPerCall * kStreamSegsPerMsg * 3];
+  static char headers[kStreamPktsPerCall][kStreamHeader];
+  static char trailers[kStreamPktsPerCall][kStreamTrailer];
+  iovec iov[kStreamPktsPerCall * 3];  // the copy mode's
   mmsghdr msgs[kStreamMsgsPerCall];
   alignas(cmsghdr) char ctrl[kStreamMsgsPerCall][CMSG_SPACE(sizeof(uint16_t))];
   for (uint32_t m = 0; m < kStreamMsgsPerCall; ++m) {
@@ -538,33 +542,32 @@ int udp_stream_client(uint16_t port, size_t size, double seconds, bool splice_pa
   uint64_t sent = 0;
   const auto start = Clock::now();
   double s = 0;
+  const char* payloads[kStreamPktsPerCall];
   do {
-    for (uint32_t p = 0; p < kStreamMsgsPerCall * kStreamSegsPerMsg; ++p) {
-      iov[3 * p] = iovec{headers[p], kStreamHeader};
-      iov[3 * p + 1] = iovec{const_cast<char*>(src + off), kStreamPayload};
-      iov[3 * p + 2] = iovec{trailers[p], kStreamTrailer};
+    for (uint32_t p = 0; p < kStreamPktsPerCall; ++p) {
+      payloads[p] = src + off;
       off = off + 2 * kStreamPayload <= size ? off + kStreamPayload : 0;
     }
     if (splicer) {
-      const char* payloads[SpliceSender::kPerMsg];
-      for (uint32_t p = 0; p < kStreamMsgsPerCall * kStreamSegsPerMsg; p += SpliceSender::kPerMsg) {
-        const uint32_t n = std::min(SpliceSender::kPerMsg, kStreamMsgsPerCall * kStreamSegsPerMsg - p);
-        for (uint32_t i = 0; i < n; ++i)
-          payloads[i] = static_cast<const char*>(iov[3 * (p + i) + 1].iov_base);
-        splicer->send_message(payloads, n, to);
-      }
+      for (uint32_t p = 0; p < kStreamPktsPerCall; p += SpliceSender::kPerMsg)
+        splicer->send_message(payloads + p, std::min(SpliceSender::kPerMsg, kStreamPktsPerCall - p), to);
     } else {
+      for (uint32_t p = 0; p < kStreamPktsPerCall; ++p) {
+        iov[3 * p] = iovec{headers[p], kStreamHeader};
+        iov[3 * p + 1] = iovec{const_cast<char*>(payloads[p]), kStreamPayload};
+        iov[3 * p + 2] = iovec{trailers[p], kStreamTrailer};
+      }
       int done = 0;
       while (done < static_cast<int>(kStreamMsgsPerCall)) {
         const int r = sendmmsg(fd, msgs + done, kStreamMsgsPerCall - done, 0);
         if (r < 0) {
-          if (errno == EINTR || errno == ENOBUFS || errno == EAGAIN) continue;
+          if (send_again(errno)) continue;
           die("sendmmsg");
         }
         done += r;
       }
     }
-    sent += kStreamMsgsPerCall * kStreamSegsPerMsg * kStreamSegment;
+    sent += kStreamPktsPerCall * kStreamSegment;
     s = std::chrono::duration<double>(Clock::now() - start).count();
   } while (s < seconds);
   if (stream_control(ctl, 'e', answer, sizeof answer) == 0) {

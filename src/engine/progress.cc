@@ -183,11 +183,11 @@ bool Progress::on_packets_while_app_polls() {
 }
 
 // One sleep: until the wake fd, the sockets or sleep_ns (kNoTimer: no bound). A nap does not watch the
-// sockets (nap_epfd_ holds the wake fd alone), but for a doorbell backend's (its doorbells come on them,
-// and a nap asks for none); a deaf sleep watches none. Sockets that woke it (*sockets) are read at the next
-// receive, even by a backend that reads them seldom. Returns the number of events.
+// sockets (nap_epfd_ holds the wake fd alone) unless the backend's nap() asks it to; a deaf sleep watches
+// none. Sockets that woke it (*sockets) are read at the next receive, even by a backend that reads them
+// seldom. Returns the number of events.
 int Progress::sleep_in_epoll(core::Nanos sleep_ns, bool nap, bool* sockets, bool deaf) {
-  const bool watch_sockets = !deaf && (!nap || ctx_->backend()->wakes_by_doorbell());
+  const bool watch_sockets = !deaf && (!nap || ctx_->backend()->nap());
   epoll_event evs[4];
   const timespec ts{static_cast<time_t>(sleep_ns / 1'000'000'000),
                     static_cast<long>(sleep_ns % 1'000'000'000)};
@@ -226,7 +226,6 @@ void Progress::run() {
   uint32_t spin_seq = ctx_->app_poll_seq();  // the application's poll count when this thread took over
   constexpr core::Nanos kNapNs = 200'000;
   constexpr core::Nanos kBlockedSleepNs = 20'000;  // the least sleep while another thread drives
-  const bool doorbells = ctx_->backend()->wakes_by_doorbell();
   bool napping = false;  // the last sleep beside a polling application
   bool nap_slack = false;  // the timer slack is kNapSlackNs (set_nap_slack)
   uint32_t nap_seq = 0;  // the application's poll count when it began
@@ -253,19 +252,19 @@ void Progress::run() {
       // 2 cores (8-byte ib_write_lat over UDP: typical half round trip 13-15 us in half the runs, 5-6
       // with naps), while one that finds packets does work beside the application (ib_write_bw's sender
       // receives ACKs and sends what they release: 1.45 M messages/s when it napped, 1.65-1.85 without).
-      // A backend whose packets need no syscall (io/shm) rings this thread's epoll only when asked to (a
-      // doorbell: a syscall for the sender too), and a nap does not ask. (Same-host ib_send_lat: one
-      // doorbell per 4 iterations.)
+      // A backend whose packets need no syscall (io/shm, while its rings carry packets) rings this thread's
+      // epoll only when asked to (a doorbell: a syscall for the sender too), and a nap does not ask: it
+      // naps whatever its wake-ups found. (Same-host ib_send_lat: one doorbell per 4 iterations.)
       ctx_->backend()->before_sleep();
       const uint32_t seq = ctx_->app_poll_seq();
       // (A watch request is taken only when it turns a nap into a watch: an answer is on its way.)
       // The application polled since the last sleep, or it is still in the poll whose drive this thread's
       // wake-up found lasting (below, in the loop).
       const bool polls = seq != nap_seq || (handed_over_ && drive_lasted_);
-      const bool nap = napping && polls && (doorbells || !packets_found_) && !ctx_->take_watch_request();
+      const bool nap = napping && polls && (ctx_->backend()->wakes_by_doorbell() || !packets_found_) &&
+                       !ctx_->take_watch_request();
       nap_seq = seq;
       napping = true;
-      if (nap) ctx_->backend()->nap();
       const bool pending = !nap && ctx_->backend()->arm_wakeup();
       // A packet still unread right after this thread left it to the driving application (in a ring of the
       // same-host path, where arm_wakeup looks) is likely the one that application is taking: look again
@@ -378,12 +377,13 @@ void Progress::run() {
     // posts, finds its completion at once, and spins on memory for the peer's WRITE, which waited for
     // each nap to end (133 us per iteration with naps of 200 us, and a tick with naps to the tick).
     // A doorbell backend (io/shm) naps here too, as above: it then asks its senders for no doorbell, and
-    // still watches its sockets. Excluded before, this sleep armed the doorbells beside an application
-    // polling the rings, whose same-host ping-pong never marks it busy-polling (that needs 64 empty polls
-    // in a row): every packet of the peer's rang one, and the woken thread preempted the application on
-    // its CPU (8-byte same-host ib_write_lat through the rings, a sched trace: a doorbell every ~118 us, the
-    // woken thread on the CPU 60 us later, 20 us there, for 13 ms). 6 interleaved pairs of 5,000
-    // iterations: doorbells 7-217 -> 5-13 a run, average 1.13-4.11 -> 1.18-1.53 us (lower in 5 of 6).
+    // still watches its sockets while its rings carry packets (ShmIo::nap). Excluded before, this sleep armed
+    // the doorbells beside an application polling the rings, whose same-host ping-pong never marks it
+    // busy-polling (that needs 64 empty polls in a row): every packet of the peer's rang one, and the woken
+    // thread preempted the application on its CPU (8-byte same-host ib_write_lat through the rings, a sched
+    // trace: a doorbell every ~118 us, the woken thread on the CPU 60 us later, 20 us there, for 13 ms). 6
+    // interleaved pairs of 5,000 iterations: doorbells 7-217 -> 5-13 a run, average 1.13-4.11 -> 1.18-1.53 us
+    // (lower in 5 of 6).
     ctx_->backend()->before_sleep();
     // An application thread waits for events and receives itself (Context::wait_for_event), or did so
     // lately: sleep without watching the sockets (every packet woke both, and the two then took turns at
@@ -406,7 +406,6 @@ void Progress::run() {
     const bool nap = !events_awaited() && calls_now != sleep_calls && !ctx_->take_watch_request();
     sleep_calls = calls_now;
     if (nap) {
-      ctx_->backend()->nap();
       sleep_ns = std::min(sleep_ns, kNapNs);
     } else if (ctx_->backend()->arm_wakeup()) {
       sleep_ns = 0;  // something came before the doorbell was asked for

@@ -96,8 +96,10 @@ class Backend : public TxSink {
   virtual void sockets_readable() {}
   // Called by a receiver that is about to nap: sleep without watching poll_fd(), while an application
   // receives in its polls. Until the next arm_wakeup, poll_fd() need not become readable (io/udp takes its
-  // sockets out of epoll meanwhile). Thread-safe beside rx_burst and tx_burst.
-  virtual void nap() {}
+  // sockets out of epoll meanwhile). Returns true when the nap must watch poll_fd() all the same (io/shm
+  // while its rings carry packets: its packets from other hosts may then wait for a receive that reads
+  // the sockets seldom). Thread-safe beside rx_burst and tx_burst.
+  virtual bool nap() { return false; }
   // Called by the progress thread before each of its sleeps, outside the receive path's exclusion: slow
   // preparation that need not hold up receiving (io/shm warms up the pages of a ring it began to read).
   virtual void before_sleep() {}
@@ -106,7 +108,8 @@ class Backend : public TxSink {
   // state, 0 at first, updated here). Then nothing need be lost: the packets wait in a queue that moves
   // (io/shm: the peer's ring). A backend whose packets leave at once says false.
   virtual bool peer_behind(const wire::Endpoint& /*dst*/, uint64_t* /*mark*/) { return false; }
-  // Whether packets wake a sleeping receiver only after arm_wakeup (io/shm's doorbells).
+  // Whether packets wake a sleeping receiver only after arm_wakeup (io/shm's doorbells, while its rings
+  // carry packets). Thread-safe.
   virtual bool wakes_by_doorbell() const { return false; }
   // A connected QP names its peer (control path): a backend may get ready to reach it now rather than at
   // the first packet (io/shm maps and claims its ring, which takes milliseconds).

@@ -605,6 +605,49 @@ TEST(ShmIo, ASocketReportedReadableIsReadByTheNextReceive) {
   }
 }
 
+// A context whose packets all come from other hosts (no ring carried one lately) handles its sockets as
+// io/udp does: a nap does not watch them and takes them out of epoll, a wake-up too, arm_wakeup puts them
+// back. Once ring packets come, a nap watches them again (a packet from another host may wait for a
+// receive that reads the sockets seldom while the rings are busy), back in epoll if they were out.
+TEST(ShmIo, ItsSocketsAreWatchedInNapsOnlyWhileTheRingsCarryPackets) {
+  TempDir dir, other;
+  auto ring_peer = make_side(dir.path), b = make_side(dir.path), remote = make_side(other.path);
+  ASSERT_TRUE(ring_peer && b && remote);
+  uint32_t psn = 1;
+  const auto from = [&, payload = std::vector<uint8_t>(8, 3)](Side& s) {
+    TxPacket p;
+    make_packet(p, s, b->ep(), psn++, payload);
+    s.io->tx_burst(std::span(&p, 1));  // in b's socket or ring when this returns (loopback)
+  };
+  pollfd pfd{b->io->poll_fd(), POLLIN, 0};
+  EXPECT_FALSE(b->io->wakes_by_doorbell());
+  EXPECT_FALSE(b->io->nap());
+  from(*remote);
+  EXPECT_EQ(poll(&pfd, 1, 100), 0) << "a nap with no ring packets lately took the sockets out";
+  EXPECT_EQ(receive(*b, 1).size(), 1u);
+  EXPECT_FALSE(b->io->arm_wakeup());
+  from(*remote);
+  EXPECT_EQ(poll(&pfd, 1, 2000), 1);
+  EXPECT_EQ(receive(*b, 1).size(), 1u);
+  b->io->woke();
+  from(*remote);
+  EXPECT_EQ(poll(&pfd, 1, 100), 0) << "a wake-up with no ring packets lately took the sockets out";
+  EXPECT_EQ(receive(*b, 1).size(), 1u);
+
+  from(*ring_peer);  // through the ring (its first packet rings a doorbell, read by the same receive)
+  EXPECT_EQ(receive(*b, 1).size(), 1u);
+  EXPECT_EQ(b->counters.get(Counter::rx_shm_packets), 1u);
+  EXPECT_TRUE(b->io->wakes_by_doorbell());
+  EXPECT_TRUE(b->io->nap()) << "with ring packets lately a nap watches the sockets";
+  EXPECT_EQ(poll(&pfd, 1, 0), 0);
+  from(*remote);
+  EXPECT_EQ(poll(&pfd, 1, 2000), 1) << "the sockets taken out before are back in epoll";
+  b->io->woke();  // they stay in
+  EXPECT_EQ(poll(&pfd, 1, 0), 1);
+  EXPECT_EQ(receive(*b, 1).size(), 1u);
+  EXPECT_EQ(b->counters.get(Counter::rx_packets), 5u);
+}
+
 TEST(ShmIo, FullRingDropsAndCountsThenRecovers) {
   TempDir dir;
   auto a = make_side(dir.path, 0, 16), b = make_side(dir.path, 0, 16);

@@ -580,8 +580,8 @@ uint32_t ShmIo::rx_burst(RxPacket* out, uint32_t max) {
   // ring packet that came during a read waited for its end (8-byte ib_send_lat, 6 interleaved pairs of
   // 5,000 iterations: typical half round trip 1.27-1.36 us at 2 us, 0.87-0.91 at 50). Another host's
   // packet that comes after a quiet spell, while the rings are busy, wakes the progress thread, whose
-  // epoll watches the sockets (a nap of a doorbell backend watches them too): its sockets_readable makes
-  // the next call read them, whoever makes it.
+  // epoll watches the sockets (its naps watch them too while the rings carry packets: nap): its
+  // sockets_readable makes the next call read them, whoever makes it.
   const uint64_t t = monotonic_ns();
   rx_clock_ = t;
   const bool read_udp = faults_ != nullptr || t >= rings_busy_until_ || t - udp_read_at_ >= udp_gap_ns_ ||
@@ -603,7 +603,10 @@ uint32_t ShmIo::rx_burst(RxPacket* out, uint32_t max) {
   const uint32_t room = max - got;
   const uint32_t ring_got = rx_rings(out + got, room, now);
   got += ring_got;
-  if (ring_got != 0) rings_busy_until_ = t + kRingsBusyNs;
+  if (ring_got != 0) {
+    rings_busy_until_ = t + kRingsBusyNs;
+    ring_packet_at_.store(t, std::memory_order_relaxed);
+  }
   drained_ = udp_drained && ring_got < room && faults_ == nullptr;  // every ring read to its end
   if (faults_) faults_->end_burst(now);
   return got;
@@ -656,7 +659,25 @@ bool ShmIo::peer_behind(const wire::Endpoint& dst, uint64_t* mark) {
   return true;
 }
 
+bool ShmIo::rings_lately() const {
+  const uint64_t at = ring_packet_at_.load(std::memory_order_relaxed);
+  const uint64_t now = monotonic_ns();
+  return at != 0 && (now <= at || now - at < kRingsLatelyNs);
+}
+
+void ShmIo::woke() {
+  armed_.store(false, std::memory_order_relaxed);
+  if (!rings_lately()) udp_->woke();
+}
+
+bool ShmIo::nap() {
+  if (!rings_lately()) return udp_->nap();
+  udp_->arm_wakeup();  // back in epoll, if an earlier nap or wake-up took them out
+  return true;
+}
+
 bool ShmIo::arm_wakeup() {
+  udp_->arm_wakeup();  // the sockets into epoll (false: UdpIo's epoll reports what is queued)
   armed_.store(true, std::memory_order_relaxed);
   set_sleeping();
   const uint32_t n = n_own_.load(std::memory_order_acquire);

@@ -337,7 +337,10 @@ uint64_t UdpIo::inflight_cap(const wire::Endpoint& /*dst*/) {
   return rcvbuf_least_.load(std::memory_order_relaxed) / 2;
 }
 
-void UdpIo::nap() { set_watched(false); }
+bool UdpIo::nap() {
+  set_watched(false);
+  return false;
+}
 
 int UdpIo::app_wait_fds(pollfd* fds, int max) {
   if (faults_) return 0;

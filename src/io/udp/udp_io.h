@@ -85,7 +85,7 @@ class UdpIo : public Backend {
   // The open sockets, at most `max` of them (else 0); none under fault injection, whose held packets a
   // timer in epfd_ releases.
   int app_wait_fds(pollfd* fds, int max) override;
-  void nap() override;
+  bool nap() override;  // false: the nap need not watch
   // Half the receive buffer of this context's sockets (the smallest: the kernel accounts each datagram's
   // memory, about twice the payload of a lone 4 KiB one, against SO_RCVBUF, which it reports doubled).
   // Without CAP_NET_ADMIN the buffer is capped by net.core.rmem_max, 208 KiB on a stock Debian: the 4 MiB

@@ -113,7 +113,7 @@ class ShmIo : public Backend {
   // hosts, and its sockets are handled as io/udp's: out of epoll while the receiver is awake or naps, in
   // it from arm_wakeup. Left in through naps, every packet woke the napping progress thread, on 2 cores in
   // the application's place (8-byte ib_write_lat between two network namespaces, 5 interleaved runs:
-  // typical 6.9-10.2 us, average 7.0-13.4, against 6.6-8.2 and 6.8-8.4 with SOFTRDMA_SHM=0).
+  // typical 6.9-10.2 us, average 7.9-13.4, against 6.6-8.2 and 6.8-8.3 with SOFTRDMA_SHM=0).
   void woke() override;
   bool nap() override;
   void before_sleep() override { touch_rings(); }

@@ -53,12 +53,12 @@ run() {
   local port=$1 shm=$2 kind=$3
   shift 3
   "$TESTNET" exec h1 env LD_LIBRARY_PATH="$LIBDIR" SOFTRDMA_SHM="$shm" timeout 120 "$@" -d sr_eth0 -x 1 \
-    -p $port >"$WORK/server" 2>&1 &
+    -p "$port" >"$WORK/server" 2>&1 &
   SERVER_PID=$!
-  wait_listening $port "$TESTNET" exec h1 || true
+  wait_listening "$port" "$TESTNET" exec h1 || true
   local rc=0
   "$TESTNET" exec h2 env LD_LIBRARY_PATH="$LIBDIR" SOFTRDMA_SHM="$shm" timeout 120 "$@" -d sr_eth0 -x 1 \
-    -p $port 198.18.0.1 >"$WORK/client" 2>&1 || rc=$?
+    -p "$port" 198.18.0.1 >"$WORK/client" 2>&1 || rc=$?
   wait "$SERVER_PID" || rc=$((rc ? rc : $?))
   SERVER_PID=
   if [[ $rc -ne 0 ]]; then
@@ -73,12 +73,12 @@ run() {
 
 : >"$WORK/results"
 PORT=18600
-for r in $(seq "$RUNS"); do
+for _ in $(seq "$RUNS"); do
   for c in "${CASES[@]}"; do
     IFS='|' read -r name cmd kind <<<"$c"
     for shm in 1 0; do
-      # shellcheck disable=SC2086  # the options split into words
       PORT=$((PORT + 1))
+      # shellcheck disable=SC2086  # the options split into words
       fig=$(run $PORT $shm "$kind" $cmd)
       [[ -n $fig ]] || { echo "FAIL: no figures from $name (SOFTRDMA_SHM=$shm)" >&2; exit 1; }
       echo "$name|$kind|$shm|$fig" >>"$WORK/results"

@@ -584,7 +584,9 @@ uint32_t ShmIo::rx_burst(RxPacket* out, uint32_t max) {
   // sockets_readable makes the next call read them, whoever makes it.
   const uint64_t t = monotonic_ns();
   rx_clock_ = t;
-  const bool read_udp = faults_ != nullptr || t >= rings_busy_until_ || t - udp_read_at_ >= udp_gap_ns_ ||
+  const bool read_udp = faults_ != nullptr ||
+                        t >= ring_packet_at_.load(std::memory_order_relaxed) + kRingsBusyNs ||
+                        t - udp_read_at_ >= udp_gap_ns_ ||
                         (udp_readable_.load(std::memory_order_relaxed) &&
                          udp_readable_.exchange(false, std::memory_order_relaxed));
   bool udp_drained = true;
@@ -603,10 +605,7 @@ uint32_t ShmIo::rx_burst(RxPacket* out, uint32_t max) {
   const uint32_t room = max - got;
   const uint32_t ring_got = rx_rings(out + got, room, now);
   got += ring_got;
-  if (ring_got != 0) {
-    rings_busy_until_ = t + kRingsBusyNs;
-    ring_packet_at_.store(t, std::memory_order_relaxed);
-  }
+  if (ring_got != 0) ring_packet_at_.store(t, std::memory_order_relaxed);
   drained_ = udp_drained && ring_got < room && faults_ == nullptr;  // every ring read to its end
   if (faults_) faults_->end_burst(now);
   return got;

@@ -214,10 +214,10 @@ class ShmIo : public Backend {
   uint64_t udp_gap_ns_ = kUdpPollGapNs;
   // The progress thread's epoll saw a socket's data (sockets_readable): the next rx_burst reads it.
   std::atomic<bool> udp_readable_{false};
-  uint64_t rings_busy_until_ = 0;
-  // When rx_burst last read packets from a ring (CLOCK_MONOTONIC ns; 0: never), and how long after it a
-  // same-host peer counts as still sending through the rings (rings_lately: doorbells may wake this
-  // context, and naps keep watching its sockets).
+  // When rx_burst last read packets from a ring (CLOCK_MONOTONIC ns; 0: never; written by rx_burst's
+  // caller only). The rings are busy for kRingsBusyNs after it, and a same-host peer counts as still
+  // sending through them for kRingsLatelyNs (rings_lately: doorbells may wake this context, and naps keep
+  // watching its sockets).
   std::atomic<uint64_t> ring_packet_at_{0};
   static constexpr uint64_t kRingsLatelyNs = 1'000'000'000;
   bool rings_lately() const;

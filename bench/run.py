@@ -1203,6 +1203,13 @@ def table(cases, meta, tgts):
         w(f"  (the RC pair's own floor, udp_pingpong_rc: {fmt(med(rc, 'lat_us'))} us = "
           f"{med(rc, 'lat_us') / med(plain, 'lat_us'):.2f}x the UDP floor, before any work of softrdma's"
           + (f"; {'socket path' if sock == 'socket' else 'default path'} {against}" if against else "") + ")")
+        read = find(cases, "softrdma", "ib_read_lat", "sr_lo", 8, 1, sock)
+        if med(read, "lat_us"):
+            # The READ target's 2.0x of the half round trip is the floor's whole round trip: a request and a
+            # response, the floor's two datagrams, with nothing left for the READ's own work on either side.
+            w(f"  (ib_read_lat 8 B, a whole round trip of two datagrams: {fmt(med(read, 'lat_us'))} us = "
+              f"{med(read, 'lat_us') / (2 * med(plain, 'lat_us')):.2f}x the UDP floor's whole round trip, "
+              f"2 x {fmt(med(plain, 'lat_us'))} us, which the target's 2.0x its half equals)")
     if med(mem, "lat_us") and med(shm, "lat_us"):
         w(f"  (the same-host WRITE's own floor, mem_pingpong: {fmt(med(mem, 'lat_us'))} us = "
           f"{med(mem, 'lat_us') / med(shm, 'lat_us'):.2f}x fi_pingpong shm 64 B: a pwrite on the peer's "

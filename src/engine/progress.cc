@@ -17,6 +17,15 @@ namespace softrdma::engine {
 Progress::Progress(core::Context* ctx, const ProgressConfig& cfg) : ctx_(ctx), cfg_(cfg) {
   tx_.sink = ctx->backend();
   if (const char* s = getenv("SOFTRDMA_SPIN_US")) cfg_.spin_us = static_cast<uint32_t>(atoi(s));
+  if (const char* s = getenv("SOFTRDMA_SPIN_MAX_US")) cfg_.spin_max_us = static_cast<uint32_t>(atoi(s));
+  cfg_.spin_max_us = std::max(cfg_.spin_max_us, cfg_.spin_us);
+}
+
+core::Nanos adapt_spin(core::Nanos spin, core::Nanos idle, bool by_packets, core::Nanos base,
+                       core::Nanos max) {
+  if (idle >= max) return std::max(base, spin / 2);
+  if (by_packets) return std::min(max, std::max(spin * 2, base));
+  return spin;
 }
 
 Progress::~Progress() {
@@ -235,6 +244,9 @@ void Progress::run() {
   // memory after it polled, stalled 20 ms about once in 2,000 iterations.
   bool woken_by_packets = false;
   uint32_t sleep_calls = ctx_->app_poll_seq();  // the application's empty polls when the last sleep began
+  const core::Nanos spin_base = core::Nanos{cfg_.spin_us} * 1000,
+                    spin_max = core::Nanos{cfg_.spin_max_us} * 1000;
+  core::Nanos spin_ns = spin_base;  // adapt_spin
   while (!stop_.load(std::memory_order_relaxed)) {
     core::Nanos now = ctx_->now();
     if (ctx_->app_driving(now, kAppDriveWindow)) {
@@ -334,7 +346,7 @@ void Progress::run() {
     // for the next tick, 4 ms). Measured, 8-byte ib_write_lat over UC, whose application spins on memory
     // between a post and a poll: 38 us typical and 460 us average with the spin, 8 and 18 without; while
     // a receiver whose application sleeps (ib_write_bw's server) keeps it: 1 MiB 5.0 -> 6.3 GB/s.
-    if (now - last_activity < core::Nanos{cfg_.spin_us} * 1000 && now - app_call_at > kAppQuietNs) continue;
+    if (now - last_activity < spin_ns && now - app_call_at > kAppQuietNs) continue;
 
     // Sleep until a packet, a kick or the next timer. The timers run once more first (only a driver runs
     // them; when another thread drives, that one does, and the deadline read below is what it leaves).
@@ -422,7 +434,14 @@ void Progress::run() {
     bool packets = false;
     sleep_in_epoll(sleep_ns, nap, &packets);
     if (packets) woken_by_packets = true;
+    const core::Nanos idle_from = last_activity;
     last_activity = ctx_->now();
+    // Packets that ended a short sleep (a sender that pauses between batches): spin longer before the
+    // next, so that its packets find this thread awake rather than pay a wake-up each (in the sender's
+    // send call, an IPI in a VM, and on this CPU). Not beside an application that waits for events, whose
+    // woken threads need the CPU (rping: ProgressConfig).
+    spin_ns = adapt_spin(spin_ns, last_activity - idle_from, packets && !nap && !events_awaited(), spin_base,
+                         spin_max);
     tick_at = 0;  // after waking, run timers at once: a kick may have armed an earlier one
   }
 }

@@ -16,9 +16,21 @@ struct ProgressConfig {
   // Busy-poll this long after the last activity before sleeping. 200 gave 8-byte ib_write_bw 1.65-1.73 M
   // messages/s instead of 1.2-1.35 (its receiver slept between the sender's batches), but made rping,
   // whose threads sleep on completion channels, 3-4 times slower (2000 pings: 1.8-2.7 s instead of 0.63):
-  // on 2 cores, two spinning progress threads keep the woken application threads off the CPU.
+  // on 2 cores, two spinning progress threads keep the woken application threads off the CPU. So this is
+  // the least, and the spin grows only while a stream's packets end short sleeps (below), and not beside
+  // an application that waits for events.
   uint32_t spin_us = 20;
+  // The spin grows, doubling, up to this while packets keep ending the sleeps after it within this long
+  // of the last activity (a stream whose sender pauses between its batches), and halves, down to spin_us,
+  // after each idle spell this long or longer (adapt_spin). Equal to spin_us: no growth.
+  uint32_t spin_max_us = 100;
 };
+
+// The spin after a sleep that ended `idle` after the last activity (the spin included), woken by packets
+// or not (a timer, a kick): doubled up to max when packets ended a spell shorter than max, halved down to
+// base after a spell of max or longer, else as it was.
+core::Nanos adapt_spin(core::Nanos spin, core::Nanos idle, bool by_packets, core::Nanos base,
+                       core::Nanos max);
 
 class Progress {
  public:

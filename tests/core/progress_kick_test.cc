@@ -299,5 +299,34 @@ TEST_F(ProgressBesideLongDrive, AnApplicationLongInItsDriveIsLeftToIt) {
   EXPECT_LT(sleeps, 220) << "the thread woke again and again while the application drove";
 }
 
+// The spin after activity (Progress::run, for a thread whose application is quiet): packets that end a
+// short sleep double it, up to the most; a long idle spell halves it, down to the least; a short sleep that
+// no packet ended leaves it.
+TEST(AdaptSpin, GrowsWhilePacketsEndShortSleepsAndShrinksAfterLongSpells) {
+  constexpr core::Nanos kBase = 20'000, kMax = 100'000;
+  core::Nanos spin = kBase;
+  spin = engine::adapt_spin(spin, 45'000, true, kBase, kMax);  // a sender's batches 45 us apart
+  EXPECT_EQ(spin, 40'000);
+  spin = engine::adapt_spin(spin, 45'000, true, kBase, kMax);
+  EXPECT_EQ(spin, 80'000);  // now longer than the pause: the next batch finds the thread spinning
+  spin = engine::adapt_spin(spin, 95'000, true, kBase, kMax);
+  EXPECT_EQ(spin, kMax);
+  spin = engine::adapt_spin(spin, 60'000, true, kBase, kMax);
+  EXPECT_EQ(spin, kMax);  // never past the most
+  spin = engine::adapt_spin(spin, 50'000, false, kBase, kMax);
+  EXPECT_EQ(spin, kMax);  // a timer or a kick says nothing of the sender
+  spin = engine::adapt_spin(spin, kMax, true, kBase, kMax);
+  EXPECT_EQ(spin, 50'000);  // a spell as long as the most, even one a packet ended: halved
+  spin = engine::adapt_spin(spin, 5'000'000, false, kBase, kMax);
+  EXPECT_EQ(spin, 25'000);
+  spin = engine::adapt_spin(spin, 5'000'000, false, kBase, kMax);
+  EXPECT_EQ(spin, kBase);
+  spin = engine::adapt_spin(spin, 5'000'000, false, kBase, kMax);
+  EXPECT_EQ(spin, kBase);  // never under the least
+  // The most equal to the least (SOFTRDMA_SPIN_MAX_US=SOFTRDMA_SPIN_US): a fixed spin, as before.
+  EXPECT_EQ(engine::adapt_spin(kBase, 10'000, true, kBase, kBase), kBase);
+  EXPECT_EQ(engine::adapt_spin(kBase, 10'000'000, true, kBase, kBase), kBase);
+}
+
 }  // namespace
 }  // namespace softrdma

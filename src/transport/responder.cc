@@ -483,6 +483,7 @@ void ud_receive(Qp& qp, PacketView pkt, const io::RxPacket& rx, Counters& counte
   wc.wr_id = wqe.wr_id;
   wc.qp_num = qp.qpn();
   wc.src_qp = pkt.deth_src_qpn();
+  wc.sl = ud_wc_sl(rx.src.addr.is_v4());
   wc.opcode = WcOpcode::kRecv;
   wc.wc_flags = kWcGrh;
   if (pkt.info().has(kHasImmDt)) {

@@ -17,6 +17,12 @@ inline bool is_atomic(WrOpcode op) {
   return op == WrOpcode::kAtomicCmpAndSwp || op == WrOpcode::kAtomicFetchAndAdd;
 }
 
+// A UD receive completion's SL over RoCE v2: the received packet's L3 type, 2 for IPv4 and 1 for IPv6, as
+// ConnectX NICs report it (RoCE carries no SL; rxe reports 0). UCX's ud_verbs reads it to find the
+// destination address in the GRH area, whose first 20 bytes are undefined for IPv4, and with 0 took the
+// IPv4 header for an IPv6 one and dropped every packet (UCX 1.13: its endpoints failed on their timeout).
+inline uint8_t ud_wc_sl(bool ipv4) { return ipv4 ? 2 : 1; }
+
 class Transport {
  public:
   // requester.cc

@@ -574,6 +574,7 @@ TEST_F(Verbs, UdReceiveCarriesGrhAndAnswersFromWc) {
   ASSERT_EQ(got, 2);
   EXPECT_EQ(recv.byte_len, 40u + 9);
   EXPECT_TRUE(recv.wc_flags & IBV_WC_GRH);
+  EXPECT_EQ(recv.sl, 2);  // the packet's L3 type, IPv4, where ConnectX reports it (UCX's ud_verbs reads it)
   EXPECT_EQ(recv.src_qp, qp_->qp_num);
   // RoCE v2 over IPv4, as the kernel lays it out: 20 undefined bytes, then the IPv4 header.
   const auto* grh = reinterpret_cast<const ibv_grh*>(buf_.data() + 1024);

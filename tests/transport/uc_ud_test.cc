@@ -304,6 +304,7 @@ TEST(Ud, SendPlacesTheGrhFirst) {
     EXPECT_EQ(r[0].src_qp, h.a.qp->qpn());
     EXPECT_EQ(r[0].qp_num, h.b.qp->qpn());
     EXPECT_TRUE(r[0].wc_flags & kWcGrh);
+    EXPECT_EQ(r[0].sl, 2);  // an IPv4 packet, as ConnectX reports it (ud_wc_sl; UCX's ud_verbs reads it)
     EXPECT_EQ(r[0].opcode, WcOpcode::kRecv);
     const uint8_t* g = h.b.buf.data();
     EXPECT_TRUE(zero(h.b, 0, 20));  // rxe zeroes the 20 bytes before an IPv4 header
@@ -325,6 +326,12 @@ TEST(Ud, SendPlacesTheGrhFirst) {
     EXPECT_EQ(std::memcmp(g + 40, h.a.buf.data(), len), 0);
     EXPECT_EQ(h.b.buf[40 + len], 0xEE);
   }
+}
+
+// The SL of a UD receive completion names the packet's L3 type, IPv4 2 and IPv6 1, as ConnectX's do.
+TEST(Ud, CompletionSlIsTheL3TypeAsConnectXReportsIt) {
+  EXPECT_EQ(core::ud_wc_sl(true), 2);
+  EXPECT_EQ(core::ud_wc_sl(false), 1);
 }
 
 TEST(Ud, WrongQkeyDroppedAndCounted) {

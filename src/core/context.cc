@@ -410,13 +410,14 @@ void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now)
         // -b) such ACKs came about once per 3 messages, and each held the CQ's completions of both
         // directions from an application that waited for no answer.
         Cq* scq = qp->init().send_cq;
-        if (!scq->channel() && Transport::sq_empty(*qp)) {
+        const bool events = scq->events_awaited(now);
+        if (!events && Transport::sq_empty(*qp)) {
           scq->hold(now + kAnswerHoldNs);
           c.add(Counter::answer_holds);
         }
-        if (scq->channel() || !tls_once(tls).app_drive) answer_late = true;
+        if (events || !tls_once(tls).app_drive) answer_late = true;
       } else if (type == QpType::kRc && Transport::completed(*qp) != completed &&
-                 Transport::answer_underway(*qp) && !qp->init().send_cq->channel()) {
+                 Transport::answer_underway(*qp) && !qp->init().send_cq->events_awaited(now)) {
         // The ACK came with the first packets of the peer's answer (one of many packets, which the peer
         // sends after its first window and its deferred ACK): the poll holds the completion until the
         // answer's last packet, as above, and receives the rest itself. Returned at once, the application

@@ -5,6 +5,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <thread>
@@ -237,6 +238,7 @@ uint32_t Cq::take(std::span<Wc> out) {
 }
 
 int Cq::req_notify(bool solicited_only) {
+  armed_at_.store(std::max<Nanos>(ctx_->now(), 1), std::memory_order_relaxed);
   armed_.store(solicited_only ? 2 : 1, std::memory_order_release);
   // The application is about to wait for an event rather than poll: the progress thread must receive.
   ctx_->clear_app_driving();

@@ -160,6 +160,17 @@ class Cq {
   bool overflowed() const { return overflow_.load(std::memory_order_relaxed); }
   Context* ctx() const { return ctx_; }
   CompChannel* channel() const { return channel_; }
+  // An application waits for this CQ's events: it has a channel and armed the CQ within the last
+  // kEventsRecentNs, or it is armed now. UCX's workers create their CQs with a channel but busy-poll, and
+  // arm them only before they sleep: for the rest they are polled like any other (ACKs deferred to the
+  // next post, answers held), as a channel alone had them not (UCT put_lat over sockets: a send call for
+  // the ACK and another for the next WRITE in each half round trip).
+  bool events_awaited(Nanos now) const {
+    if (channel_ == nullptr) return false;
+    const Nanos at = armed_at_.load(std::memory_order_relaxed);
+    return armed_.load(std::memory_order_relaxed) != 0 || (at != 0 && now - at < kEventsRecentNs);
+  }
+  static constexpr Nanos kEventsRecentNs = 10'000'000;
   void* user_context = nullptr;
   std::atomic<uint32_t> users{0};  // QPs using it
   uint32_t events_completed = 0;   // ibv_ack_cq_events bookkeeping
@@ -194,6 +205,7 @@ class Cq {
   std::atomic<uint64_t> head_{0};  // next to poll
   std::atomic<uint64_t> tail_{0};  // next to fill
   std::atomic<uint8_t> armed_{0};  // 0 off, 1 any completion, 2 solicited only
+  std::atomic<Nanos> armed_at_{0};  // the last req_notify (events_awaited; 0: none yet)
   std::atomic<bool> overflow_{false};
 };
 

@@ -86,7 +86,7 @@ void Transport::uc_answer_hold(Qp& qp, const SendWqe& w, Nanos now) {
       !signaled(qp, w))
     return;
   Cq* scq = qp.init_.send_cq;
-  if (scq->channel()) return;  // an application that waits for events does not poll
+  if (scq->events_awaited(now)) return;  // an application that waits for events does not poll
   // The WRITE's own packets leave first, and the peer answers only once they are all there: 1 ns more per
   // byte (a 1 MiB WRITE's took 200-250 us to leave here, and every 1 MiB hold of 200 us ran out).
   qp.comp_.uc_hold_until = now + kUcAnswerHoldNs + w.length;

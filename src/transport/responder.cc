@@ -121,7 +121,7 @@ Nanos Transport::end_burst(Qp& qp, io::TxBatch& tx, Nanos now) {
     flush_ack(qp, tx);
     return 0;
   }
-  if (qp.sq_head_ == 0 || qp.init().recv_cq->channel() || qp.init().send_cq->channel() ||
+  if (qp.sq_head_ == 0 || qp.init().recv_cq->events_awaited(now) || qp.init().send_cq->events_awaited(now) ||
       r.acks_undeferred) {
     if (r.acks_undeferred) --r.acks_undeferred;
     flush_ack(qp, tx);
@@ -419,7 +419,7 @@ struct Responder {
       // 8-byte messages/s (now 1.2-1.5), and at 4 KiB fell behind into RNR NAKs (450-580 MiB/s, now
       // 1,900-2,900).
       send_ack(make_syndrome(AckType::kAck, kAckUnlimitedCredit), psn, false);
-      if (recv_comp && qp.init().recv_cq->channel() != nullptr) Transport::hold_tx(qp);
+      if (recv_comp && qp.init().recv_cq->events_awaited(qp.ctx()->now())) Transport::hold_tx(qp);
     }
     if (recv_comp) complete_message();
   }

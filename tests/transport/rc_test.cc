@@ -900,8 +900,32 @@ TEST(Rc, QpOfAnEventDrivenApplicationAcknowledgesAtOnce) {
   QpOptions o;
   o.recv_channel = true;
   Harness h({}, o);
+  ASSERT_EQ(h.b.rcq->req_notify(false), 0);  // it waits for events
   const uint64_t acks = b_sent_then_receives_a_write(h);
   EXPECT_EQ(h.b.counters.get(Counter::tx_acks), acks + 1);
+}
+
+// A channel alone is no sign of an application that waits for events: UCX's workers create their CQs
+// with one, busy-poll them, and arm them only before they sleep. Never armed, or armed longer ago than
+// Cq::kEventsRecentNs, its QPs defer their ACKs as a polling application's do.
+TEST(Rc, QpOfAPollerWithAChannelDefersItsAck) {
+  for (bool armed_long_ago : {false, true}) {
+    SCOPED_TRACE(armed_long_ago ? "armed long ago" : "never armed");
+    QpOptions o;
+    o.recv_channel = true;
+    Harness h({}, o);
+    if (armed_long_ago) {
+      ASSERT_EQ(h.b.rcq->req_notify(false), 0);
+      // An event ends the arming; then time passes with the CQ polled only.
+      ASSERT_EQ(h.post_recv(h.b, 1, 0, 64), 0);
+      ASSERT_EQ(h.post_send(h.a, Wr(h.a, WrOpcode::kSend, 0, 8, 1)), 0);
+      std::vector<Wc> r;
+      ASSERT_TRUE(h.wait(h.b, h.b.rcq, 1, &r));
+      g_now += core::Cq::kEventsRecentNs;
+    }
+    const uint64_t acks = b_sent_then_receives_a_write(h);
+    EXPECT_EQ(h.b.counters.get(Counter::tx_acks), acks) << "deferred";
+  }
 }
 
 // A deferred ACK is owed for messages already executed: it goes before the QP stops answering, whether
@@ -1095,6 +1119,9 @@ TEST(Rc, AnAnswerOnAChannelNeverOvertakesTheAck) {
     QpOptions o;
     o.recv_channel = channel;
     Harness h({}, o);
+    if (channel) {
+      ASSERT_EQ(h.b.rcq->req_notify(false), 0);  // B's application waits for events
+    }
     for (uint64_t i = 0; i < 3; ++i) ASSERT_EQ(h.post_recv(h.b, i, 64 * i, 64), 0);
     ASSERT_EQ(h.post_recv(h.a, 7, 1024, 64), 0);
     const uint32_t to_a = h.a.qp->qpn();
@@ -1138,6 +1165,7 @@ TEST(Rc, ALonePostThatTheAckHoldCorkedStillGoesOneSided) {
   QpOptions o;
   o.recv_channel = true;
   Harness h({}, o);
+  ASSERT_EQ(h.b.rcq->req_notify(false), 0);  // rping's server waits for events
   uint64_t reads = 0;
   h.b.be->direct_hook = [&](const wire::Endpoint&, const io::DirectOp& op) {
     if (!op.read || op.shared_only) return -1;

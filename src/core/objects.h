@@ -168,7 +168,9 @@ class Cq {
   bool events_awaited(Nanos now) const {
     if (channel_ == nullptr) return false;
     const Nanos at = armed_at_.load(std::memory_order_relaxed);
-    return armed_.load(std::memory_order_relaxed) != 0 || (at != 0 && now - at < kEventsRecentNs);
+    // (`now` may be a caller's reading from before another thread's req_notify: later, not long ago.)
+    return armed_.load(std::memory_order_relaxed) != 0 ||
+           (at != 0 && (now < at || now - at < kEventsRecentNs));
   }
   static constexpr Nanos kEventsRecentNs = 10'000'000;
   void* user_context = nullptr;

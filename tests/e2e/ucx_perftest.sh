@@ -7,7 +7,7 @@
 # UCX (1.13) lists an RDMA device only if /dev/infiniband/<dev_name> is a character device it may open,
 # which softrdma, with no kernel module, does not have: this runs in a mount namespace of its own with a
 # tmpfs on /dev/infiniband holding a null device named uverbs<ifindex of lo> (softrdma never opens it).
-# Needs root (exit 77 otherwise) and ucx_perftest. Each run must finish and print its "Final:" line.
+# Needs root (exit 77 otherwise) and ucx_perftest.
 set -euo pipefail
 lib=$(realpath "$1")
 if [ "$(id -u)" != 0 ] || ! command -v ucx_perftest >/dev/null || ! command -v unshare >/dev/null; then
@@ -22,39 +22,30 @@ fi
 cleanup() { if [ "$made_dir" = 1 ]; then rmdir /dev/infiniband 2>/dev/null || true; fi; }
 trap cleanup EXIT
 
-# In the new mount namespace: the device node, then every case; prints one line per case.
+# In the new mount namespace: the device node, then every case as a server and client pair
+# (tests/rdmacm/pair.sh: the client starts once the server listens, both must exit 0, and the client must
+# print its "Final:" line). Returns the number of failed cases.
 inner() {
   mount -t tmpfs none /dev/infiniband
   mknod "/dev/infiniband/uverbs$(cat /sys/class/net/lo/ifindex)" c 1 3
   local fails=0 port=$((14000 + RANDOM % 1000))
-  run() {  # NAME ENV... -- ARGS...
-    local name=$1 env=() args
+  one() {  # "ENV..." ARGS...: one ucx_perftest pair with the VAR=VALUE words of ENV on both sides
+    local env=$1
     shift
-    while [ "$1" != -- ]; do env+=("$1"); shift; done
-    shift
-    args=("$@")
     port=$((port + 1))
-    env LD_LIBRARY_PATH="$lib" "${env[@]}" timeout 60 ucx_perftest -p "$port" "${args[@]}" \
-      > "ucx_$name.server.log" 2>&1 &
-    local server=$!
-    sleep 1
-    if env LD_LIBRARY_PATH="$lib" "${env[@]}" timeout 60 ucx_perftest -p "$port" "${args[@]}" 127.0.0.1 \
-         > "ucx_$name.log" 2>&1 && wait "$server" && grep -q '^Final:' "ucx_$name.log"; then
-      echo "ok   $name: $(grep '^Final:' "ucx_$name.log" | tr -s ' ')"
-    else
-      wait "$server" || true
-      echo "FAIL $name"; tail -5 "ucx_$name.log" "ucx_$name.server.log"
-      fails=$((fails + 1))
-    fi
+    # shellcheck disable=SC2086 # ENV is a list of words
+    "$pair" "$lib" "$port" '^Final:' env $env ucx_perftest -p "$port" "$@" \
+      -- env $env ucx_perftest -p "$port" "$@" 127.0.0.1 || fails=$((fails + 1))
   }
-  local ucp=("UCX_TLS=rc_verbs,ud_verbs" "UCX_NET_DEVICES=sr_lo:1")
+  local ucp="UCX_TLS=rc_verbs,ud_verbs UCX_NET_DEVICES=sr_lo:1"
   for shm in 1 0; do
-    run "uct_put_lat_shm$shm" SOFTRDMA_SHM=$shm -- -t put_lat -x rc_verbs -d sr_lo:1 -s 8 -n 2000
-    run "ucp_tag_lat_shm$shm" SOFTRDMA_SHM=$shm "${ucp[@]}" -- -t tag_lat -s 8 -n 2000
-    run "ucp_put_bw_shm$shm" SOFTRDMA_SHM=$shm "${ucp[@]}" -- -t ucp_put_bw -s 65536 -n 2000
+    one "SOFTRDMA_SHM=$shm" -t put_lat -x rc_verbs -d sr_lo:1 -s 8 -n 2000
+    one "SOFTRDMA_SHM=$shm $ucp" -t tag_lat -s 8 -n 2000
+    one "SOFTRDMA_SHM=$shm $ucp" -t ucp_put_bw -s 65536 -n 2000
   done
   return "$fails"
 }
-export lib
+pair=$(realpath "$(dirname "$0")/../rdmacm/pair.sh")
+export lib pair
 export -f inner
 unshare -m bash -c inner

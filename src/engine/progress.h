@@ -56,7 +56,8 @@ class Progress {
   // sockets even if the application makes verbs calls (it polls after each event, not all the time).
   std::atomic<core::Nanos> watch_until_{0};
   bool events_awaited() const { return ctx_->now() < watch_until_.load(std::memory_order_seq_cst); }
-  static constexpr core::Nanos kWatchAfterNotifyNs = 10'000'000;
+  // As long as a CQ counts as waiting for events after its last arming (Cq::events_awaited).
+  static constexpr core::Nanos kWatchAfterNotifyNs = core::Cq::kEventsRecentNs;
   // The last wake-up by packets beside a polling application found some unread (on_packets_while_app_polls).
   bool packets_found_ = true;
   // The last wake-up by packets found the application driving and left them to it (hand_over).

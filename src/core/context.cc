@@ -296,10 +296,10 @@ void Context::forget_corked() {
 void Context::rx_burst(std::span<io::RxPacket> pkts, io::TxBatch& tx, Nanos now) {
   driver_gen_.fetch_add(1, std::memory_order_seq_cst);  // odd: busy
   Counters& c = *counters_;
-  Qp* touched[io::TxBatch::kMax * 2];
+  Qp* touched[io::kRxBurst * 2];
   uint32_t n_touched = 0;
   bool answer_late = false;  // kKickWatch
-  Qp* held[io::TxBatch::kMax * 2];  // Transport::hold_tx until the flush at the end
+  Qp* held[io::kRxBurst * 2];  // Transport::hold_tx until the flush at the end
   uint32_t n_held = 0;
   for (io::RxPacket& rx : pkts) {
     PacketView v(rx.data, rx.len);
@@ -510,10 +510,10 @@ int Context::drive(io::TxBatch& tx, Nanos now, bool run_timers) {
     send_corked();
     // Left uninitialised: rx_burst sets every field of each packet it returns. Initialising the 32 was 40%
     // of this function's time in a polling loop, where most calls find nothing.
-    Scratch<io::RxPacket, io::TxBatch::kMax> burst;
+    Scratch<io::RxPacket, io::kRxBurst> burst;
     io::RxPacket* const pkts = burst.at;
     for (int i = 0; i < 64; ++i) {  // bounded, so timers still run under a flood
-      const uint32_t n = backend_->rx_burst(pkts, io::TxBatch::kMax);
+      const uint32_t n = backend_->rx_burst(pkts, io::kRxBurst);
       if (n == 0) break;
       total += static_cast<int>(n);
       // The clock is read per burst: the ACKs of one burst can release many packets to send, and a

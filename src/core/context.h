@@ -28,7 +28,9 @@ struct ContextConfig {
   std::string device_name = "sr_sim";
   uint32_t active_mtu = 4096;  // bytes, the largest path MTU the interface allows
   bool standard_port = false;  // RoCEv2 standard mode: every peer at UDP 4791
-  uint32_t window = 256;       // RC send window in packets
+  // RC send window: the payload bytes one QP keeps un-ACKed at most (256 packets at path MTU 4096, 1,024
+  // at 1024: counted in packets, a QP at MTU 1500 kept a quarter of the bytes in flight).
+  uint32_t window_bytes = 1u << 20;
   // Payload bytes that the RC QPs of this context together keep un-ACKed, at most (each QP's window
   // shrinks to its share, down to kMinWindow packets): 64 QPs with full windows put 64 MiB into the
   // peer's socket buffers, which overran them (go-back-N) and evicted the data from the caches before it
@@ -172,8 +174,8 @@ class Context {
     const uint64_t n = std::max<uint32_t>(1, rc_sending_.load(std::memory_order_relaxed));
     const bool capped = cap != 0 && cap < cfg_.inflight_budget;
     const uint64_t budget = capped ? cap : cfg_.inflight_budget;
-    return static_cast<uint32_t>(
-        std::clamp<uint64_t>(budget / (pmtu * n), capped ? kMinCappedWindow : kMinWindow, cfg_.window));
+    return static_cast<uint32_t>(std::clamp<uint64_t>(
+        budget / (pmtu * n), capped ? kMinCappedWindow : kMinWindow, cfg_.window_bytes / pmtu));
   }
   static constexpr uint32_t kMinWindow = 16;
   static constexpr uint32_t kMinCappedWindow = 1;
@@ -207,7 +209,7 @@ class Context {
   // averages 10.26 -> 6.65 us, runs with a 99.9th percentile over 1 ms 12 -> 0 (the typical unchanged).
   static constexpr Nanos kAnswerHoldNs = 20'000;
   // Once a packet of the answer came, the hold lasts until its last one, and this long after the latest
-  // at most: an answer of more than one window (256 packets) pauses until the peer has this side's ACK,
+  // at most: an answer of more than one window (1 MiB) pauses until the peer has this side's ACK,
   // which took 20-50 us over sockets here (a 2 MiB ib_write_lat, whose holds ran out at 20 us in 9 of 10
   // iterations; then the application spun on memory and the rest waited for the napping progress thread).
   static constexpr Nanos kAnswerUnderwayHoldNs = 200'000;

@@ -365,7 +365,7 @@ IngressStats run_ingress(const uint8_t* data, size_t size) {
   // The packets of the burst being gathered, each in a buffer of its exact size (so that a read past
   // the end of a packet is a read past the end of an allocation, which ASan reports).
   std::vector<std::unique_ptr<uint8_t[]>> held;
-  io::RxPacket burst[io::TxBatch::kMax];
+  io::RxPacket burst[io::kRxBurst];
   uint32_t n = 0;
   Nanos advance = 0;
   auto flush = [&] {
@@ -399,7 +399,7 @@ IngressStats run_ingress(const uint8_t* data, size_t size) {
     }
     burst[n++] = io::RxPacket{from, node.ep, p, static_cast<uint32_t>(len), 0, 64};
     if (flags & kTick) advance += Nanos{1000} << (2 * (arg >> 4));
-    if (!(flags & kSameBurst) || n == io::TxBatch::kMax) flush();
+    if (!(flags & kSameBurst) || n == io::kRxBurst) flush();
   }
   flush();
   st.reached = st.checked - (dispatch_drops(node) - drops0);

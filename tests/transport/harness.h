@@ -52,7 +52,7 @@ struct QpOptions {
   uint32_t mr_access = kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic;
   size_t buf_size = 4 << 20;
   uint32_t max_wr = 256;
-  uint32_t window = 256;
+  uint32_t window_bytes = core::ContextConfig{}.window_bytes;
   uint32_t inflight_budget = core::ContextConfig{}.inflight_budget;
   uint32_t active_mtu = 4096;  // the contexts' interface MTU (path MTUs above it are clamped)
   bool standard_port = false;  // RoCEv2 standard mode: every QP behind UDP port 4791
@@ -121,7 +121,7 @@ class Harness {
     n.be = net_.attach(ip);
     core::ContextConfig cfg;
     cfg.clock = fake_clock;
-    cfg.window = o_.window;
+    cfg.window_bytes = o_.window_bytes;
     cfg.inflight_budget = o_.inflight_budget;
     cfg.standard_port = o_.standard_port;
     cfg.active_mtu = o_.active_mtu;

@@ -283,8 +283,12 @@ TEST(Rc, WindowKeepsWithinThePathsCap) {
   QpOptions o;
   Harness h({}, o);
   const uint64_t budget = core::ContextConfig{}.inflight_budget;
-  EXPECT_EQ(h.a.ctx->window_for(1024, 0), std::min<uint64_t>(o.window, budget / 1024));
-  EXPECT_EQ(h.a.ctx->window_for(1024, budget * 2), std::min<uint64_t>(o.window, budget / 1024));  // no bound
+  // Unbounded, a window is 1 MiB of payload whatever the path MTU (256 packets of 4 KiB, 1,024 of 1 KiB).
+  EXPECT_EQ(h.a.ctx->window_for(4096, 0), 256u);
+  EXPECT_EQ(h.a.ctx->window_for(1024, 0), 1024u);
+  EXPECT_EQ(h.a.ctx->window_for(1024, 0), std::min<uint64_t>(o.window_bytes / 1024, budget / 1024));
+  EXPECT_EQ(h.a.ctx->window_for(1024, budget * 2),
+            std::min<uint64_t>(o.window_bytes / 1024, budget / 1024));  // no bound
   EXPECT_EQ(h.a.ctx->window_for(1024, 40 * 1024), 40u);
   EXPECT_EQ(h.a.ctx->window_for(4096, 1024), core::Context::kMinCappedWindow);
 

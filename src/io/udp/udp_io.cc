@@ -574,7 +574,12 @@ void UdpIo::send_chunk(Socket& s, TxScratch& t, uint32_t n) {
   uint64_t packets = 0, bytes = 0, dropped = 0;
   int stalls = 0;
   while (sent < n) {
-    const int r = sys_sendmmsg(s.fd, t.msgs + sent, n - sent, MSG_DONTWAIT);
+    int r;
+    if (n - sent == 1) {  // one message (a ping-pong's, a GSO message of a stream): sendmsg (recv_socket)
+      r = sys_sendmsg(s.fd, &t.msgs[sent].msg_hdr, MSG_DONTWAIT) >= 0 ? 1 : -1;
+    } else {
+      r = sys_sendmmsg(s.fd, t.msgs + sent, n - sent, MSG_DONTWAIT);
+    }
     if (r > 0) {
       for (uint32_t k = sent; k < sent + static_cast<uint32_t>(r); ++k) {
         bytes += t.len[k];
@@ -677,8 +682,16 @@ uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t no
     for (uint32_t i = 0; i < s.filled; ++i) rearm_rx(s.msgs[i].msg_hdr);
     s.filled = 0;
     int r;
+    // One message by recvmsg: recvmmsg's own work around the same receive cost a ping-pong 0.1-0.15 us
+    // per half round trip (8-byte socket-path ib_write_lat, pinned: typical 4.61-4.63 -> 4.48-4.56 us).
     do {
-      r = sys_recvmmsg(s.fd, s.msgs, vlen, MSG_DONTWAIT | MSG_TRUNC);
+      if (vlen == 1) {
+        const ssize_t len = sys_recvmsg(s.fd, &s.msgs[0].msg_hdr, MSG_DONTWAIT | MSG_TRUNC);
+        if (len >= 0) s.msgs[0].msg_len = static_cast<unsigned>(len);
+        r = len >= 0 ? 1 : -1;
+      } else {
+        r = sys_recvmmsg(s.fd, s.msgs, vlen, MSG_DONTWAIT | MSG_TRUNC);
+      }
     } while (r < 0 && errno == EINTR);
     if (r > 0) s.filled = static_cast<uint32_t>(r);
     if (r <= 0) {

@@ -142,6 +142,7 @@ struct Responder {
   const io::RxPacket& rx;
   io::TxBatch& tx;
   Counters& counters;
+  Nanos at;  // the burst's clock (Transport::responder's `now`)
 
   void send_ack(uint8_t syndrome, uint32_t psn, bool now) {
     // Coalesce: a later ACK covers an earlier one (ACKs are cumulative).
@@ -419,7 +420,7 @@ struct Responder {
       // 8-byte messages/s (now 1.2-1.5), and at 4 KiB fell behind into RNR NAKs (450-580 MiB/s, now
       // 1,900-2,900).
       send_ack(make_syndrome(AckType::kAck, kAckUnlimitedCredit), psn, false);
-      if (recv_comp && qp.init().recv_cq->events_awaited(qp.ctx()->now())) Transport::hold_tx(qp);
+      if (recv_comp && qp.init().recv_cq->events_awaited(at)) Transport::hold_tx(qp);
     }
     if (recv_comp) complete_message();
   }
@@ -504,7 +505,7 @@ void ud_receive(Qp& qp, PacketView pkt, const io::RxPacket& rx, Counters& counte
 
 }  // namespace
 
-void Transport::responder(Qp& qp, PacketView pkt, const io::RxPacket& rx, io::TxBatch& tx, Nanos) {
+void Transport::responder(Qp& qp, PacketView pkt, const io::RxPacket& rx, io::TxBatch& tx, Nanos now) {
   Counters& counters = qp.ctx()->counters();
   if (qp.type() == QpType::kUd) {
     if (pkt.deth_qkey() != qp.attr_.qkey) {
@@ -519,7 +520,7 @@ void Transport::responder(Qp& qp, PacketView pkt, const io::RxPacket& rx, io::Tx
     }
     return ud_receive(qp, pkt, rx, counters, wqe);
   }
-  Responder{qp, qp.resp_, pkt, rx, tx, counters}.run();
+  Responder{qp, qp.resp_, pkt, rx, tx, counters, now}.run();
   // UC: tells a same-host requester that this packet, and every one before it, is done with (its data
   // placed), so that its next WRITE may go one-sided without overtaking them (io::DirectOp::uc).
   if (qp.psn_seen_) qp.psn_seen_->store(psn_add(pkt.psn(), 1), std::memory_order_release);

@@ -15,6 +15,7 @@ namespace softrdma {
   X(rx_bytes, "bytes received (UDP payload)")                                                                \
   X(retransmits, "request packets sent again (go-back-N)")                                                   \
   X(retry_timeouts, "local ACK timeouts")                                                                    \
+  X(early_retransmits, "go-back-N before the ACK timeout: no ACK for some round trips")                      \
   X(rnr_retries, "retries after RNR NAK")                                                                    \
   X(tx_acks, "ACKs sent")                                                                                    \
   X(tx_nak_psn_seq, "NAK PSN sequence error sent")                                                           \

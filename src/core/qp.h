@@ -125,6 +125,18 @@ struct CompState {
   // come since the post before (up to kPingPongAcks), and the end of the hold of the last one (0: none).
   uint8_t uc_answers = 0;
   Nanos uc_hold_until = 0;
+  // Early retransmission (Transport::timers): the round trip, timed from a packet sent for the first time
+  // to the ACK that passes it (none across a go-back-N, whose ACK may answer either sending), smoothed as
+  // TCP's (RFC 6298), and the deadline it sets for a go-back-N before the QP's own ACK timeout.
+  Nanos srtt = 0;  // 0: none timed yet
+  Nanos rttvar = 0;
+  Nanos rtt_sent_at = 0;  // when rtt_psn went out (0: none being timed)
+  uint32_t rtt_psn = 0;
+  Nanos early_deadline = 0;   // 0 = not armed
+  uint8_t early_backoff = 0;  // early retransmissions since the last progress (each doubles the wait)
+  bool answered = false;      // an ACK has made progress (until one has, the peer may be gone, not lossy)
+  // The send window after a loss, in packets (Transport::lost; 0: the full window, none lost since).
+  uint32_t loss_window = 0;
 };
 
 // A saved READ or ATOMIC request, for replay of duplicates (IBTA.md 5).

@@ -104,6 +104,27 @@ void Transport::go_back_n(Qp& qp) {
   req.psn = comp.psn;
   req.noack_pkts = 0;
   qp.comp_.retrans_deadline = 0;
+  qp.comp_.early_deadline = 0;
+  qp.comp_.rtt_sent_at = 0;  // an ACK may now answer either sending (Karn)
+}
+
+// RFC 6298 2.2-2.3: the first sample sets SRTT and RTTVAR = R/2; later ones move them by 1/8 and 1/4.
+static void time_round_trip(CompState& c, Nanos r) {
+  r = std::max<Nanos>(r, 1);
+  if (c.srtt == 0) {
+    c.srtt = r;
+    c.rttvar = r / 2;
+    return;
+  }
+  const Nanos err = r > c.srtt ? r - c.srtt : c.srtt - r;
+  c.rttvar = (3 * c.rttvar + err) / 4;
+  c.srtt = (7 * c.srtt + r) / 8;
+}
+
+void Transport::lost(Qp& qp) {
+  CompState& c = qp.comp_;
+  const uint32_t w = c.loss_window != 0 ? c.loss_window : qp.ctx()->window_for(qp.pmtu_, qp.path_cap_);
+  c.loss_window = std::max(w / 2, kMinLossWindow);
 }
 
 // Spends one retry of `budget` (7 = infinite, as rxe does); false when none is left.
@@ -124,14 +145,22 @@ void Transport::completer(Qp& qp, PacketView pkt, io::TxBatch& tx, Nanos now) {
   CompState& comp = qp.comp_;
   Counters& counters = qp.ctx()->counters();
   const uint32_t psn = pkt.psn();
+  const uint32_t psn_before = comp.psn;
   const OpcodeInfo& oi = pkt.info();
-  if (psn_diff(psn, comp.psn) < 0 || psn_diff(psn, qp.req_.psn) >= 0) {
-    // Nothing outstanding, an old duplicate, or a PSN never sent.
+  const uint8_t syndrome =
+      oi.has(kHasAeth) ? pkt.aeth_syndrome() : make_syndrome(AckType::kAck, kAckUnlimitedCredit);
+  const AckType type = syndrome_type(syndrome);
+  // An ACK or a response counts up to the highest PSN sent, not just to the next to send: after a go-back-N
+  // the peer may acknowledge packets of the round before that this one has yet to resend, and with a
+  // window shrunk by the loss this round might never get that far without it (the requester goes on from
+  // the PSN acknowledged, below). A NAK at or beyond the next PSN to send is the round before's: this one
+  // has gone back already.
+  const uint32_t bound = type == AckType::kAck ? qp.req_.high_psn : qp.req_.psn;
+  if (psn_diff(psn, comp.psn) < 0 || psn_diff(psn, bound) >= 0) {
+    // Nothing outstanding, an old duplicate, a PSN never sent, or an old NAK.
     counters.add(Counter::drop_stale_response);
     return;
   }
-  const uint8_t syndrome = oi.has(kHasAeth) ? pkt.aeth_syndrome() : make_syndrome(AckType::kAck, kAckUnlimitedCredit);
-  const AckType type = syndrome_type(syndrome);
   const uint32_t pmtu = qp.pmtu_;
   bool progress = false;
 
@@ -145,6 +174,7 @@ void Transport::completer(Qp& qp, PacketView pkt, io::TxBatch& tx, Nanos now) {
     if (is_read(w) || is_atomic(w)) {
       // A READ or ATOMIC completes only by its own response, which is missing: resend from it.
       if (!charge(comp.retry_left)) return fail_head(qp, WcStatus::kRetryExcErr);
+      lost(qp);
       go_back_n(qp);
       requester(qp, tx, now);
       return;
@@ -169,6 +199,7 @@ void Transport::completer(Qp& qp, PacketView pkt, io::TxBatch& tx, Nanos now) {
               // the responder NAKs a gap once), instead of waiting for the retransmit timer.
               comp.read_gap_psn = comp.psn + 1;
               if (!charge(comp.retry_left)) return fail_head(qp, WcStatus::kRetryExcErr);
+              lost(qp);
               go_back_n(qp);
               requester(qp, tx, now);
               return;
@@ -226,8 +257,12 @@ void Transport::completer(Qp& qp, PacketView pkt, io::TxBatch& tx, Nanos now) {
         const uint8_t code = syndrome_value(syndrome);
         if (code == kNakPsnSeqErr) {
           counters.add(Counter::rx_nak_psn_seq);
-          comp.psn = psn;
+          // A NAK acknowledges the requests before its PSN, but not the READ responses or the ATOMIC ACK
+          // of the WQE at the head, which may be missing: that one goes again from its first one missing
+          // (rxe's completer drops such a NAK, check_psn).
+          if (!is_read(w) && !is_atomic(w)) comp.psn = psn;
           if (!charge(comp.retry_left)) return fail_head(qp, WcStatus::kRetryExcErr);
+          lost(qp);
           go_back_n(qp);
           requester(qp, tx, now);
           return;
@@ -255,6 +290,20 @@ void Transport::completer(Qp& qp, PacketView pkt, io::TxBatch& tx, Nanos now) {
     comp.retry_left = qp.attr_.retry_cnt;
     comp.rnr_left = qp.attr_.rnr_retry;
     comp.retrans_deadline = 0;
+    if (comp.rtt_sent_at != 0 && psn_diff(comp.psn, comp.rtt_psn) > 0) {
+      time_round_trip(comp, now > comp.rtt_sent_at ? now - comp.rtt_sent_at : 0);
+      comp.rtt_sent_at = 0;
+    }
+    comp.early_deadline = 0;
+    comp.early_backoff = 0;
+    comp.answered = true;
+    if (comp.loss_window != 0) {
+      const auto acked = static_cast<uint32_t>(std::max(psn_diff(comp.psn, psn_before), 0));
+      comp.loss_window += std::max<uint32_t>(acked / 8, 1);
+      if (comp.loss_window >= qp.ctx()->window_for(pmtu, qp.path_cap_)) comp.loss_window = 0;
+    }
+    // Acknowledged beyond what this round of a go-back-N has resent: it goes on from there.
+    if (psn_diff(comp.psn, qp.req_.psn) > 0) go_back_n(qp);
     if (qp.state() != QpState::kErr) requester(qp, tx, now);  // the window may have opened; re-arms the timer
   }
 }
@@ -316,8 +365,26 @@ Nanos Transport::timers(Qp& qp, io::TxBatch& tx, Nanos now) {
         fail_head(qp, WcStatus::kRetryExcErr);
         return 0;
       }
+      lost(qp);
       go_back_n(qp);
       requester(qp, tx, now);
+    }
+  }
+  if (comp.early_deadline && now >= comp.early_deadline) {
+    comp.early_deadline = 0;
+    if (psn_diff(qp.req_.psn, comp.psn) > 0) {
+      if (qp.ctx()->backend()->peer_behind(qp.peer(), &comp.peer_mark)) {
+        const Nanos e = early_timeout(qp);  // still in a queue that the peer reads: wait once more
+        if (e != 0) comp.early_deadline = now + e;
+      } else {
+        qp.ctx()->counters().add(Counter::early_retransmits);
+        if (comp.early_backoff < kEarlyMaxBackoff) ++comp.early_backoff;
+        const Nanos keep = comp.retrans_deadline;  // the ACK timeout still counts from the last progress
+        lost(qp);
+        go_back_n(qp);
+        requester(qp, tx, now);
+        if (keep != 0) comp.retrans_deadline = keep;
+      }
     }
   }
   return deadline(qp);

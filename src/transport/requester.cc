@@ -128,11 +128,15 @@ io::TxPacket& Transport::new_packet(Qp& qp, io::TxBatch& tx, const Endpoint& dst
   return p;
 }
 
-// Moves past the packet just sent; one sent below the high-water mark is a retransmission.
-void Transport::advance_psn(Qp& qp, uint32_t next) {
+// One sent below the high-water mark is a retransmission.
+void Transport::advance_psn(Qp& qp, uint32_t next, Nanos now) {
   ReqState& req = qp.req_;
+  CompState& comp = qp.comp_;
   if (psn_diff(req.psn, req.high_psn) < 0) {
     qp.ctx()->counters().add(Counter::retransmits);
+  } else if (comp.rtt_sent_at == 0) {
+    comp.rtt_psn = req.psn;
+    comp.rtt_sent_at = std::max<Nanos>(now, 1);
   }
   if (psn_diff(next, req.high_psn) > 0) req.high_psn = next;
   req.psn = next;
@@ -164,7 +168,8 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
   if (qp.comp_.rnr_deadline) return;  // waiting out an RNR NAK
   const bool rc = qp.type() == QpType::kRc;
   const uint32_t pmtu = qp.pmtu_;
-  const uint32_t window = qp.ctx()->window_for(pmtu, qp.path_cap_);
+  uint32_t window = qp.ctx()->window_for(pmtu, qp.path_cap_);
+  if (qp.comp_.loss_window != 0) window = std::min(window, qp.comp_.loss_window);
 
   while (qp.req_.wqe < qp.sq_head_) {
     SendWqe& w = qp.sq_[qp.req_.wqe & qp.sq_mask_];
@@ -250,7 +255,7 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
       io::TxPacket& p = new_packet(qp, tx, dst, opcode(wire::Transport::kRc, kOpReadRequest), false, dqpn,
                                    true, qp.req_.psn, 0);
       PacketView(p.hdr, p.hdr_len).set_reth(w.remote_addr + off, w.rkey, len);
-      advance_psn(qp, psn_add(qp.req_.psn, chunk));
+      advance_psn(qp, psn_add(qp.req_.psn, chunk), now);
       ++qp.req_.rd_atomic;
       qp.req_.noack_pkts = 0;
       if (sent_pkts + chunk >= npkts) {
@@ -268,7 +273,7 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
       const bool cas = op == kOpCompareSwap;
       PacketView(p.hdr, p.hdr_len)
           .set_atomic_eth(w.remote_addr, w.rkey, cas ? w.swap : w.compare_add, cas ? w.compare_add : 0);
-      advance_psn(qp, psn_add(qp.req_.psn, 1));
+      advance_psn(qp, psn_add(qp.req_.psn, 1), now);
       ++qp.req_.rd_atomic;
       ++qp.req_.wqe;
       qp.req_.offset = 0;
@@ -310,7 +315,7 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
     if (oi.has(kHasDeth)) v.set_deth(w.ud_qkey, qp.qpn());
     attach_payload(p, w, qp.req_.offset, len);
     if (ack_req) qp.req_.noack_pkts = 0;
-    advance_psn(qp, psn_add(qp.req_.psn, 1));
+    advance_psn(qp, psn_add(qp.req_.psn, 1), now);
     qp.req_.offset += len;
     if (last) {
       qp.req_.offset = 0;
@@ -324,10 +329,27 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
       }
     }
   }
-  if (rc && qp.comp_.retrans_deadline == 0 && psn_diff(qp.req_.psn, qp.comp_.psn) > 0) {
-    const Nanos t = ack_timeout_ns(qp.attr_.timeout);
-    if (t) qp.comp_.retrans_deadline = now + t;
+  if (rc && psn_diff(qp.req_.psn, qp.comp_.psn) > 0) {
+    CompState& comp = qp.comp_;
+    if (comp.retrans_deadline == 0) {
+      const Nanos t = ack_timeout_ns(qp.attr_.timeout);
+      if (t) comp.retrans_deadline = now + t;
+    }
+    if (comp.early_deadline == 0) {
+      const Nanos e = early_timeout(qp);
+      if (e) comp.early_deadline = now + e;
+    }
   }
+}
+
+Nanos Transport::early_timeout(const Qp& qp) {
+  const CompState& comp = qp.comp_;
+  const Nanos t = ack_timeout_ns(qp.attr_.timeout);
+  if (!comp.answered || t == 0) return 0;
+  // Until a round trip is timed (go-back-N drops the one being timed, so at high loss none may be), the
+  // least wait.
+  const Nanos rto = std::max(comp.srtt + 4 * comp.rttvar, kEarlyMinNs) << comp.early_backoff;
+  return rto <= t / 2 ? rto : 0;
 }
 
 }  // namespace softrdma::core

@@ -105,6 +105,8 @@ void Transport::go_back_n(Qp& qp) {
   req.noack_pkts = 0;
   qp.comp_.retrans_deadline = 0;
   qp.comp_.early_deadline = 0;
+  qp.comp_.probe_deadline = 0;
+  qp.comp_.probed = false;
   qp.comp_.rtt_sent_at = 0;  // an ACK may now answer either sending (Karn)
 }
 
@@ -296,6 +298,8 @@ void Transport::completer(Qp& qp, PacketView pkt, io::TxBatch& tx, Nanos now) {
     }
     comp.early_deadline = 0;
     comp.early_backoff = 0;
+    comp.probe_deadline = 0;
+    comp.probed = false;
     comp.answered = true;
     if (comp.loss_window != 0) {
       const auto acked = static_cast<uint32_t>(std::max(psn_diff(comp.psn, psn_before), 0));
@@ -369,6 +373,10 @@ Nanos Transport::timers(Qp& qp, io::TxBatch& tx, Nanos now) {
       go_back_n(qp);
       requester(qp, tx, now);
     }
+  }
+  if (comp.probe_deadline && now >= comp.probe_deadline) {
+    comp.probe_deadline = 0;
+    if (psn_diff(qp.req_.psn, comp.psn) > 0 && !comp.probed) probe(qp, tx, now);
   }
   if (comp.early_deadline && now >= comp.early_deadline) {
     comp.early_deadline = 0;

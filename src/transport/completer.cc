@@ -376,7 +376,14 @@ Nanos Transport::timers(Qp& qp, io::TxBatch& tx, Nanos now) {
   }
   if (comp.probe_deadline && now >= comp.probe_deadline) {
     comp.probe_deadline = 0;
-    if (psn_diff(qp.req_.psn, comp.psn) > 0 && !comp.probed) probe(qp, tx, now);
+    if (psn_diff(qp.req_.psn, comp.psn) > 0 && !comp.probed) {
+      if (qp.ctx()->backend()->peer_behind(qp.peer(), &comp.peer_mark)) {
+        const Nanos pto = probe_timeout(qp);  // still in a queue that the peer reads
+        if (pto) comp.probe_deadline = now + pto;
+      } else {
+        probe(qp, tx, now);
+      }
+    }
   }
   if (comp.early_deadline && now >= comp.early_deadline) {
     comp.early_deadline = 0;

@@ -339,11 +339,17 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
       const Nanos e = early_timeout(qp);
       if (e) comp.early_deadline = now + e;
     }
-    if (comp.probe_deadline == 0 && !comp.probed && comp.answered) {
-      const Nanos pto = std::max(2 * comp.srtt, kProbeMinNs);
-      if (pto <= ack_timeout_ns(qp.attr_.timeout) / 8) comp.probe_deadline = now + pto;
+    if (comp.probe_deadline == 0 && !comp.probed) {
+      const Nanos pto = probe_timeout(qp);
+      if (pto) comp.probe_deadline = now + pto;
     }
   }
+}
+
+Nanos Transport::probe_timeout(const Qp& qp) {
+  if (!qp.comp_.answered) return 0;
+  const Nanos pto = std::max(2 * qp.comp_.srtt, kProbeMinNs);
+  return pto <= ack_timeout_ns(qp.attr_.timeout) / 8 ? pto : 0;
 }
 
 void Transport::probe(Qp& qp, io::TxBatch& tx, Nanos now) {

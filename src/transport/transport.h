@@ -168,9 +168,12 @@ class Transport {
   // 1024. The peer answers the probe, a duplicate, with an ACK of all it has; one it lacks earlier packets
   // for makes it NAK the gap, if it has not already. Off where kProbeMinNs is over an eighth of the ACK
   // timeout (a QP whose timeout is that short wants its losses found by that timeout) and until the peer
-  // has answered; never for a READ or ATOMIC request.
+  // has answered; never for a READ or ATOMIC request; put off while the peer still reads a queue that
+  // holds them (io::Backend::peer_behind: a same-host ring, where a busy peer is late, not lossy, and the
+  // demo's 8 MiB checks had 2-3 probes a run).
   static constexpr Nanos kProbeMinNs = 1'000'000;
   static void probe(Qp& qp, io::TxBatch& tx, Nanos now);
+  static Nanos probe_timeout(const Qp& qp);  // 0: none
   // A loss (a NAK of a PSN gap, a READ response missing, an ACK timeout, an early retransmission) halves
   // the QP's send window, down to kMinLossWindow packets, and each ACK that makes progress grows it by an
   // eighth of the packets it acknowledged, until it is full again. Go-back-N resends what was in flight

@@ -75,6 +75,26 @@ TEST(Recovery, ALostLastPacketIsProbedThenRetransmittedEarly) {
   }
 }
 
+// A same-host peer that still reads the ring holding the packets (io::Backend::peer_behind) is late, not
+// lossy: neither the probe nor the early retransmission goes; the ACK timeout's own waits (retry_waits)
+// and retransmission recover a packet that is lost after all.
+TEST(Recovery, NothingGoesEarlyWhileThePeerIsBehind) {
+  QpOptions o = opts();
+  o.retry_cnt = 7;
+  Harness h({}, o);
+  ASSERT_EQ(write_and_wait(h, 0, 100, 1).status, WcStatus::kSuccess);
+  h.a.be->behind = [](const wire::Endpoint&, uint64_t*) { return true; };
+  int seen = 0;
+  h.net_.drop_if = [&](uint64_t, std::span<const uint8_t> f) {
+    return f[0] == rc(wire::kOpWriteOnly) && ++seen == 1;
+  };
+  EXPECT_EQ(write_and_wait(h, 4096, 100, 2).status, WcStatus::kSuccess);
+  EXPECT_EQ(h.a.counters.get(Counter::tail_probes), 0u);
+  EXPECT_EQ(h.a.counters.get(Counter::early_retransmits), 0u);
+  EXPECT_EQ(h.a.counters.get(Counter::retry_waits), uint64_t{Transport::kMaxRetryWaits});
+  EXPECT_EQ(h.a.counters.get(Counter::retry_timeouts), 1u);
+}
+
 // A window that arrived whole in one burst has one ACK (the responder coalesces them): that ACK lost, the
 // probe's duplicate gets an ACK of everything, and nothing else goes again.
 TEST(Recovery, ALostAckIsAnsweredByTheProbe) {

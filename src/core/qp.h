@@ -135,8 +135,6 @@ struct CompState {
   Nanos early_deadline = 0;   // 0 = not armed
   uint8_t early_backoff = 0;  // early retransmissions since the last progress (each doubles the wait)
   bool answered = false;      // an ACK has made progress (until one has, the peer may be gone, not lossy)
-  Nanos probe_deadline = 0;   // the tail loss probe's (Transport::probe; 0 = not armed)
-  bool probed = false;        // sent since the last progress or go-back-N
   // The send window after a loss, in packets (Transport::lost; 0: the full window, none lost since).
   uint32_t loss_window = 0;
 };

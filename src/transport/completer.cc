@@ -105,8 +105,6 @@ void Transport::go_back_n(Qp& qp) {
   req.noack_pkts = 0;
   qp.comp_.retrans_deadline = 0;
   qp.comp_.early_deadline = 0;
-  qp.comp_.probe_deadline = 0;
-  qp.comp_.probed = false;
   qp.comp_.rtt_sent_at = 0;  // an ACK may now answer either sending (Karn)
 }
 
@@ -298,8 +296,6 @@ void Transport::completer(Qp& qp, PacketView pkt, io::TxBatch& tx, Nanos now) {
     }
     comp.early_deadline = 0;
     comp.early_backoff = 0;
-    comp.probe_deadline = 0;
-    comp.probed = false;
     comp.answered = true;
     if (comp.loss_window != 0) {
       const auto acked = static_cast<uint32_t>(std::max(psn_diff(comp.psn, psn_before), 0));
@@ -372,17 +368,6 @@ Nanos Transport::timers(Qp& qp, io::TxBatch& tx, Nanos now) {
       lost(qp);
       go_back_n(qp);
       requester(qp, tx, now);
-    }
-  }
-  if (comp.probe_deadline && now >= comp.probe_deadline) {
-    comp.probe_deadline = 0;
-    if (psn_diff(qp.req_.psn, comp.psn) > 0 && !comp.probed) {
-      if (qp.ctx()->backend()->peer_behind(qp.peer(), &comp.peer_mark)) {
-        const Nanos pto = probe_timeout(qp);  // still in a queue that the peer reads
-        if (pto) comp.probe_deadline = now + pto;
-      } else {
-        probe(qp, tx, now);
-      }
     }
   }
   if (comp.early_deadline && now >= comp.early_deadline) {

@@ -169,7 +169,7 @@ int Transport::modify(Qp& qp, const QpAttr& a, uint32_t mask) {
 
 void Transport::to_error(Qp& qp) {
   qp.attr_.qp_state = QpState::kErr;
-  qp.comp_.retrans_deadline = qp.comp_.early_deadline = qp.comp_.probe_deadline = qp.comp_.rnr_deadline = 0;
+  qp.comp_.retrans_deadline = qp.comp_.early_deadline = qp.comp_.rnr_deadline = 0;
   // Every outstanding send WQE completes with WR_FLUSH_ERR, signaled or not (IBTA.md 9).
   for (; qp.comp_.wqe < qp.sq_head_; ++qp.comp_.wqe) {
     SendWqe& w = qp.sq_[qp.comp_.wqe & qp.sq_mask_];

@@ -339,40 +339,7 @@ void Transport::requester(Qp& qp, io::TxBatch& tx, Nanos now) {
       const Nanos e = early_timeout(qp);
       if (e) comp.early_deadline = now + e;
     }
-    if (comp.probe_deadline == 0 && !comp.probed) {
-      const Nanos pto = probe_timeout(qp);
-      if (pto) comp.probe_deadline = now + pto;
-    }
   }
-}
-
-Nanos Transport::probe_timeout(const Qp& qp) {
-  if (!qp.comp_.answered) return 0;
-  const Nanos pto = std::max(2 * qp.comp_.srtt, kProbeMinNs);
-  return pto <= ack_timeout_ns(qp.attr_.timeout) / 8 ? pto : 0;
-}
-
-void Transport::probe(Qp& qp, io::TxBatch& tx, Nanos now) {
-  ReqState& req = qp.req_;
-  CompState& comp = qp.comp_;
-  comp.probed = true;
-  // The last packet sent: that of the WQE before the next to send, or of the one being sent.
-  const uint32_t p = psn_add(req.psn, kPsnMask);  // req.psn - 1
-  const uint64_t i = req.offset != 0 ? req.wqe : req.wqe - 1;
-  if (req.wqe == 0 && req.offset == 0) return;
-  if (i < comp.wqe || i >= qp.sq_head_) return;
-  const SendWqe& w = qp.sq_[i & qp.sq_mask_];
-  if (!w.started || is_read_or_atomic(w.opcode) || psn_diff(p, w.first_psn) < 0 ||
-      psn_diff(p, w.last_psn) > 0)
-    return;
-  qp.ctx()->counters().add(Counter::tail_probes);
-  // Step back one packet and let the requester send it (and, past it, nothing it had not sent: the window
-  // was full, or nothing more was posted).
-  req.wqe = i;
-  req.offset = static_cast<uint32_t>(psn_diff(p, w.first_psn)) * qp.pmtu_;
-  req.psn = p;
-  req.noack_pkts = kPsnMask;  // asks for an ACK
-  requester(qp, tx, now);
 }
 
 Nanos Transport::early_timeout(const Qp& qp) {

@@ -144,8 +144,8 @@ class Transport {
   // The QP's nearest armed timer (0 = none).
   static Nanos deadline(const Qp& qp) {
     Nanos d = 0;
-    for (Nanos t : {qp.comp_.retrans_deadline, qp.comp_.early_deadline, qp.comp_.probe_deadline,
-                    qp.comp_.rnr_deadline, qp.req_.cork_deadline, qp.resp_.ack_deadline})
+    for (Nanos t : {qp.comp_.retrans_deadline, qp.comp_.early_deadline, qp.comp_.rnr_deadline,
+                    qp.req_.cork_deadline, qp.resp_.ack_deadline})
       if (t && (!d || t < d)) d = t;
     return d;
   }
@@ -160,20 +160,6 @@ class Transport {
   // made progress, with timeout 0 (no timer, as rxe), and where its wait would reach half the ACK timeout. At
   // least 5 ms: a peer that the scheduler held back for a tick (4 ms at HZ 250) has lost nothing.
   static constexpr Nanos kEarlyMinNs = 5'000'000;
-  // The tail loss probe (as TCP's, RFC 8985): when packets are out and no ACK has made progress for twice
-  // the round trip, at least kProbeMinNs, the requester sends its last packet again, once, asking for an
-  // ACK. The responder coalesces a burst's ACKs into one (responder.cc), so a window that arrived in one
-  // burst had one ACK, and a small window (after a loss) that lost it had nothing more to send: it waited
-  // for the early retransmission, 5 ms and a go-back-N, about 60 times per 100 MiB at 1% loss and path MTU
-  // 1024. The peer answers the probe, a duplicate, with an ACK of all it has; one it lacks earlier packets
-  // for makes it NAK the gap, if it has not already. Off where kProbeMinNs is over an eighth of the ACK
-  // timeout (a QP whose timeout is that short wants its losses found by that timeout) and until the peer
-  // has answered; never for a READ or ATOMIC request; put off while the peer still reads a queue that
-  // holds them (io::Backend::peer_behind: a same-host ring, where a busy peer is late, not lossy, and the
-  // demo's 8 MiB checks had 2-3 probes a run).
-  static constexpr Nanos kProbeMinNs = 1'000'000;
-  static void probe(Qp& qp, io::TxBatch& tx, Nanos now);
-  static Nanos probe_timeout(const Qp& qp);  // 0: none
   // A loss (a NAK of a PSN gap, a READ response missing, an ACK timeout, an early retransmission) halves
   // the QP's send window, down to kMinLossWindow packets, and each ACK that makes progress grows it by an
   // eighth of the packets it acknowledged, until it is full again. Go-back-N resends what was in flight

@@ -121,10 +121,12 @@ static void time_round_trip(CompState& c, Nanos r) {
   c.srtt = (7 * c.srtt + r) / 8;
 }
 
-void Transport::lost(Qp& qp) {
+void Transport::resend_after_loss(Qp& qp, io::TxBatch& tx, Nanos now) {
   CompState& c = qp.comp_;
   const uint32_t w = c.loss_window != 0 ? c.loss_window : qp.ctx()->window_for(qp.pmtu_, qp.path_cap_);
   c.loss_window = std::max(w / 2, kMinLossWindow);
+  go_back_n(qp);
+  requester(qp, tx, now);
 }
 
 // Spends one retry of `budget` (7 = infinite, as rxe does); false when none is left.
@@ -174,9 +176,7 @@ void Transport::completer(Qp& qp, PacketView pkt, io::TxBatch& tx, Nanos now) {
     if (is_read(w) || is_atomic(w)) {
       // A READ or ATOMIC completes only by its own response, which is missing: resend from it.
       if (!charge(comp.retry_left)) return fail_head(qp, WcStatus::kRetryExcErr);
-      lost(qp);
-      go_back_n(qp);
-      requester(qp, tx, now);
+      resend_after_loss(qp, tx, now);
       return;
     }
     w.done = true;
@@ -199,9 +199,7 @@ void Transport::completer(Qp& qp, PacketView pkt, io::TxBatch& tx, Nanos now) {
               // the responder NAKs a gap once), instead of waiting for the retransmit timer.
               comp.read_gap_psn = comp.psn + 1;
               if (!charge(comp.retry_left)) return fail_head(qp, WcStatus::kRetryExcErr);
-              lost(qp);
-              go_back_n(qp);
-              requester(qp, tx, now);
+              resend_after_loss(qp, tx, now);
               return;
             }
             break;
@@ -262,9 +260,7 @@ void Transport::completer(Qp& qp, PacketView pkt, io::TxBatch& tx, Nanos now) {
           // (rxe's completer drops such a NAK, check_psn).
           if (!is_read(w) && !is_atomic(w)) comp.psn = psn;
           if (!charge(comp.retry_left)) return fail_head(qp, WcStatus::kRetryExcErr);
-          lost(qp);
-          go_back_n(qp);
-          requester(qp, tx, now);
+          resend_after_loss(qp, tx, now);
           return;
         }
         WcStatus st = WcStatus::kRemOpErr;
@@ -365,9 +361,7 @@ Nanos Transport::timers(Qp& qp, io::TxBatch& tx, Nanos now) {
         fail_head(qp, WcStatus::kRetryExcErr);
         return 0;
       }
-      lost(qp);
-      go_back_n(qp);
-      requester(qp, tx, now);
+      resend_after_loss(qp, tx, now);
     }
   }
   if (comp.early_deadline && now >= comp.early_deadline) {
@@ -380,9 +374,7 @@ Nanos Transport::timers(Qp& qp, io::TxBatch& tx, Nanos now) {
         qp.ctx()->counters().add(Counter::early_retransmits);
         if (comp.early_backoff < kEarlyMaxBackoff) ++comp.early_backoff;
         const Nanos keep = comp.retrans_deadline;  // the ACK timeout still counts from the last progress
-        lost(qp);
-        go_back_n(qp);
-        requester(qp, tx, now);
+        resend_after_loss(qp, tx, now);
         if (keep != 0) comp.retrans_deadline = keep;
       }
     }

@@ -166,7 +166,8 @@ class Transport {
   // behind the lost packet, so at 1% loss a full window (1,024 packets at path MTU 1024) was resent about
   // ten times over; where nothing is lost the window stays full.
   static constexpr uint32_t kMinLossWindow = 16;
-  static void lost(Qp& qp);
+  // A loss: halves the window so, goes back to the oldest unacknowledged PSN and resends from there.
+  static void resend_after_loss(Qp& qp, io::TxBatch& tx, Nanos now);
   static constexpr uint8_t kEarlyMaxBackoff = 16;
   static Nanos early_timeout(const Qp& qp);
   static Nanos rnr_delay_ns(uint8_t code);

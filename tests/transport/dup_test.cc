@@ -11,8 +11,6 @@ namespace {
 
 using wire::PacketView;
 
-constexpr uint8_t rc(wire::Op op) { return wire::opcode(wire::Transport::kRc, op); }
-
 QpOptions opts() {
   QpOptions o;
   o.buf_size = 1 << 16;

@@ -11,12 +11,16 @@
 
 #include "core/context.h"
 #include "io/sim/sim_net.h"
+#include "wire/opcode.h"
 
 namespace softrdma::test {
 
 using core::Nanos;
 
 inline Nanos g_now = 1'000'000'000;
+
+// The RC opcode of `op` (frames in a drop_if filter start with it).
+constexpr uint8_t rc(wire::Op op) { return wire::opcode(wire::Transport::kRc, op); }
 inline Nanos fake_clock() { return g_now; }
 
 struct Node {

@@ -13,7 +13,6 @@ namespace {
 
 using wire::PacketView;
 
-constexpr uint8_t rc(wire::Op op) { return wire::opcode(wire::Transport::kRc, op); }
 constexpr uint32_t kFirstPsn = 0xFFFFF0;  // the harness's rq_psn / sq_psn
 
 QpOptions opts() {

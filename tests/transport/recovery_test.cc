@@ -12,7 +12,6 @@ namespace {
 
 using core::Transport;
 
-constexpr uint8_t rc(wire::Op op) { return wire::opcode(wire::Transport::kRc, op); }
 // The BTH's PSN (the harness starts near the wrap at 2^24: compare them masked).
 uint32_t psn_of(std::span<const uint8_t> f) { return wire::load_be24(f.data() + 9); }
 

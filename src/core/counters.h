@@ -16,6 +16,7 @@ namespace softrdma {
   X(retransmits, "request packets sent again (go-back-N)")                                                   \
   X(retry_timeouts, "local ACK timeouts")                                                                    \
   X(early_retransmits, "go-back-N before the ACK timeout: no ACK for some round trips")                      \
+  X(tail_probes, "last packet sent again, once, asking for an ACK: none for two round trips after a loss")   \
   X(rnr_retries, "retries after RNR NAK")                                                                    \
   X(tx_acks, "ACKs sent")                                                                                    \
   X(tx_nak_psn_seq, "NAK PSN sequence error sent")                                                           \

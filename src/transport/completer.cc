@@ -105,6 +105,7 @@ void Transport::go_back_n(Qp& qp) {
   req.noack_pkts = 0;
   qp.comp_.retrans_deadline = 0;
   qp.comp_.early_deadline = 0;
+  qp.comp_.probed = false;
   qp.comp_.rtt_sent_at = 0;  // an ACK may now answer either sending (Karn)
 }
 
@@ -293,6 +294,7 @@ void Transport::completer(Qp& qp, PacketView pkt, io::TxBatch& tx, Nanos now) {
     comp.early_deadline = 0;
     comp.early_backoff = 0;
     comp.answered = true;
+    comp.probed = false;
     if (comp.loss_window != 0) {
       const auto acked = static_cast<uint32_t>(std::max(psn_diff(comp.psn, psn_before), 0));
       comp.loss_window += std::max<uint32_t>(acked / 8, 1);
@@ -370,6 +372,8 @@ Nanos Transport::timers(Qp& qp, io::TxBatch& tx, Nanos now) {
       if (qp.ctx()->backend()->peer_behind(qp.peer(), &comp.peer_mark)) {
         const Nanos e = early_timeout(qp);  // still in a queue that the peer reads: wait once more
         if (e != 0) comp.early_deadline = now + e;
+      } else if (probe_stage(qp) && probe(qp, tx, now)) {
+        // The probe went; the requester armed the rest of the wait (early_timeout, now without the probe).
       } else {
         qp.ctx()->counters().add(Counter::early_retransmits);
         if (comp.early_backoff < kEarlyMaxBackoff) ++comp.early_backoff;

@@ -1,7 +1,8 @@
-// Loss recovery beyond the IBTA minimum (transport.h, kEarlyMinNs and kMinLossWindow): a go-back-N before
-// the QP's ACK timeout once the peer has answered, which spends no retry and leaves that timeout where it
-// was; a send window halved by each loss and grown back by the ACKs; and ACKs that acknowledge packets of
-// the round before a go-back-N.
+// Loss recovery beyond the IBTA minimum (transport.h, kEarlyMinNs, kProbeMinNs and kMinLossWindow): a
+// go-back-N before the QP's ACK timeout once the peer has answered, after a loss led by a tail loss probe,
+// which spend no retry and leave that timeout where it was; a send window halved by each loss and grown back
+// by the ACKs; ACKs that acknowledge packets of the round before a go-back-N; and NAKs that do not skip a
+// READ's responses.
 #include <gtest/gtest.h>
 
 #include "transport/harness.h"
@@ -15,10 +16,11 @@ using core::Transport;
 // The BTH's PSN (the harness starts near the wrap at 2^24: compare them masked).
 uint32_t psn_of(std::span<const uint8_t> f) { return wire::load_be24(f.data() + 9); }
 
-QpOptions opts() {
+// By default any ACK timeout fails the WQE: an early retransmission must not count as one.
+QpOptions opts(uint8_t retry_cnt = 0) {
   QpOptions o;
-  o.timeout = 14;   // 67.1 ms, perftest's
-  o.retry_cnt = 0;  // any ACK timeout fails the WQE: an early retransmission must not count as one
+  o.timeout = 14;  // 67.1 ms, perftest's
+  o.retry_cnt = retry_cnt;
   return o;
 }
 
@@ -31,31 +33,114 @@ Wc write_and_wait(Harness& h, uint64_t off, uint32_t len, uint64_t wr_id) {
   return s.empty() ? Wc{} : s[0];
 }
 
-// The last packet of a message lost: no later packet makes the peer NAK, so only a timer finds it. Once the
-// peer has answered, the requester goes back after kEarlyMinNs (the round trips here are microseconds),
-// not after the 67 ms ACK timeout, and with retry_cnt 0 the WQE still succeeds.
-TEST(Recovery, ALostLastPacketGoesAgainBeforeTheAckTimeout) {
-  Harness h({}, opts());
-  ASSERT_EQ(write_and_wait(h, 0, 100, 1).status, WcStatus::kSuccess);  // the peer answers once
-  int dropped = 0;
+// The peer answers a first WRITE; then, with `loss`, a request packet is lost and recovered (the peer NAKs
+// the gap, which takes a retry, as in rxe): the window is halved, and until it has grown whole again the
+// early retransmission begins with a tail loss probe.
+void answer_then_lose(Harness& h, bool loss) {
+  ASSERT_EQ(write_and_wait(h, 0, 100, 1).status, WcStatus::kSuccess);
+  if (!loss) return;
+  int seen = 0;
   h.net_.drop_if = [&](uint64_t, std::span<const uint8_t> f) {
-    if (f[0] != rc(wire::kOpWriteOnly) || dropped) return false;
-    return ++dropped == 1;
+    return f[0] == rc(wire::kOpWriteMiddle) && ++seen == 1;
+  };
+  EXPECT_EQ(write_and_wait(h, 0, 4096, 100).status, WcStatus::kSuccess);
+  EXPECT_EQ(h.a.counters.get(Counter::rx_nak_psn_seq), 1u);
+  h.net_.drop_if = nullptr;
+}
+
+// The last packet of a WRITE of one packet lost `times` times, after a first WRITE that the peer answered
+// (and, with `after_loss`, a packet lost before): what recovered it, and how soon.
+struct TailLoss {
+  uint64_t probes, early, timeouts;
+  Nanos took;
+  bool intact;
+};
+TailLoss lose_the_last_packet(int times, bool after_loss) {
+  Harness h({}, opts(1));  // the NAK takes one; an ACK timeout would show in the counter
+  answer_then_lose(h, after_loss);
+  int seen = 0;
+  h.net_.drop_if = [&](uint64_t, std::span<const uint8_t> f) {
+    return f[0] == rc(wire::kOpWriteOnly) && ++seen <= times;
   };
   const Nanos t0 = g_now;
-  const Wc w = write_and_wait(h, 4096, 100, 2);
+  EXPECT_EQ(write_and_wait(h, 4096, 100, 2).status, WcStatus::kSuccess);
+  EXPECT_EQ(seen, times + 1);
+  return {h.a.counters.get(Counter::tail_probes), h.a.counters.get(Counter::early_retransmits),
+          h.a.counters.get(Counter::retry_timeouts), g_now - t0,
+          std::memcmp(h.a.buf.data() + 4096, h.b.buf.data() + 4096, 100) == 0};
+}
+
+// No later packet makes the peer NAK, so only a timer finds it: once the peer has answered, a go-back-N
+// after kEarlyMinNs (the round trips here are microseconds), not after the 67 ms ACK timeout. After a loss,
+// the last packet goes again first after kProbeMinNs (the tail loss probe), and, the probe lost too, the
+// go-back-N follows kEarlyMinNs after it. Where nothing was lost before, no probe.
+TEST(Recovery, ALostLastPacketGoesAgainBeforeTheAckTimeout) {
+  struct Case {
+    int times;
+    bool after_loss;
+    uint64_t probes, early;
+    Nanos after;
+  };
+  constexpr Nanos kProbe = Transport::kProbeMinNs, kEarly = Transport::kEarlyMinNs;
+  for (const Case& c :
+       {Case{1, false, 0, 1, kEarly}, Case{1, true, 1, 0, kProbe}, Case{2, true, 1, 1, kProbe + kEarly}}) {
+    SCOPED_TRACE(testing::Message() << c.times << " lost, after a loss " << c.after_loss);
+    const TailLoss r = lose_the_last_packet(c.times, c.after_loss);
+    EXPECT_EQ(r.probes, c.probes);
+    EXPECT_EQ(r.early, c.early);
+    EXPECT_EQ(r.timeouts, 0u);
+    EXPECT_GE(r.took, c.after);
+    EXPECT_LT(r.took, c.after + kProbe / 2);
+    EXPECT_TRUE(r.intact);
+  }
+}
+
+// A window that arrived whole in one burst has one ACK (the responder coalesces them): that ACK lost, after
+// a loss, the probe's duplicate gets an ACK of everything, and nothing else goes again.
+TEST(Recovery, ALostAckIsAnsweredByTheProbe) {
+  Harness h({}, opts(7));
+  answer_then_lose(h, true);
+  int acks = 0;
+  h.net_.drop_if = [&](uint64_t, std::span<const uint8_t> f) {
+    return f[0] == rc(wire::kOpAcknowledge) && ++acks == 1;
+  };
+  const uint64_t resent = h.a.counters.get(Counter::retransmits);
+  const uint64_t dups = h.b.counters.get(Counter::dup_requests);
+  const Nanos t0 = g_now;
+  const Wc w = write_and_wait(h, 0, 8 * 1024, 2);  // 8 packets
   EXPECT_EQ(w.status, WcStatus::kSuccess);
-  EXPECT_EQ(dropped, 1);
-  EXPECT_GE(g_now - t0, Transport::kEarlyMinNs);
-  EXPECT_LT(g_now - t0, Transport::kEarlyMinNs + Transport::kEarlyMinNs / 2);
-  EXPECT_EQ(h.a.counters.get(Counter::early_retransmits), 1u);
-  EXPECT_EQ(h.a.counters.get(Counter::retry_timeouts), 0u);
-  EXPECT_EQ(std::memcmp(h.a.buf.data() + 4096, h.b.buf.data() + 4096, 100), 0);
+  EXPECT_EQ(acks, 2);  // the one dropped and the probe's
+  EXPECT_GE(g_now - t0, Transport::kProbeMinNs);
+  EXPECT_LT(g_now - t0, Transport::kProbeMinNs + Transport::kProbeMinNs / 2);
+  EXPECT_EQ(h.a.counters.get(Counter::tail_probes), 1u);
+  EXPECT_EQ(h.a.counters.get(Counter::retransmits), resent + 1);  // the probe alone
+  EXPECT_EQ(h.a.counters.get(Counter::early_retransmits), 0u);
+  EXPECT_EQ(h.b.counters.get(Counter::dup_requests), dups + 1);
+}
+
+// A same-host peer that still reads the ring holding the packets (io::Backend::peer_behind) is late, not
+// lossy: neither the probe nor the early retransmission goes; the ACK timeout's own waits (retry_waits)
+// and retransmission recover a packet that is lost after all.
+TEST(Recovery, NothingGoesEarlyWhileThePeerIsBehind) {
+  Harness h({}, opts(7));
+  answer_then_lose(h, true);
+  const uint64_t timeouts = h.a.counters.get(Counter::retry_timeouts);
+  h.a.be->behind = [](const wire::Endpoint&, uint64_t*) { return true; };
+  int seen = 0;
+  h.net_.drop_if = [&](uint64_t, std::span<const uint8_t> f) {
+    return f[0] == rc(wire::kOpWriteOnly) && ++seen == 1;
+  };
+  EXPECT_EQ(write_and_wait(h, 4096, 100, 2).status, WcStatus::kSuccess);
+  EXPECT_EQ(h.a.counters.get(Counter::tail_probes), 0u);
+  EXPECT_EQ(h.a.counters.get(Counter::early_retransmits), 0u);
+  EXPECT_EQ(h.a.counters.get(Counter::retry_waits), uint64_t{Transport::kMaxRetryWaits});
+  EXPECT_EQ(h.a.counters.get(Counter::retry_timeouts), timeouts + 1);
 }
 
 // A peer that answered and then went away: the early retransmissions double their wait (5, 10, 20 ms)
-// while it stays under half the ACK timeout, and the ACK timeout still runs out 67.1 ms after the post, as
-// without them, failing the WQE with retry_cnt 0.
+// while it stays under half the ACK timeout; each is a loss, so a tail loss probe leads the next wait, 1 ms
+// in, and puts the next off by as much. The ACK timeout still runs out 67.1 ms after the post, as without
+// them, failing the WQE with retry_cnt 0.
 TEST(Recovery, EarlyRetransmissionsLeaveTheAckTimeoutWhereItWas) {
   const QpOptions o = opts();
   Harness h({}, o);
@@ -75,9 +160,13 @@ TEST(Recovery, EarlyRetransmissionsLeaveTheAckTimeoutWhereItWas) {
   static_assert(Transport::kEarlyMinNs * 4 <= (4096ull << 14) / 2 &&
                 Transport::kEarlyMinNs * 8 > (4096ull << 14) / 2);
   EXPECT_EQ(h.a.counters.get(Counter::early_retransmits), 3u);
+  EXPECT_EQ(h.a.counters.get(Counter::tail_probes), 2u);
   EXPECT_EQ(h.a.counters.get(Counter::retry_timeouts), 1u);
-  EXPECT_EQ(h.net_.sent - sent, 4u);  // the WRITE and three early resends; the timeout failed it
-  EXPECT_EQ(at, (std::vector<Nanos>{0, 5'000'000, 15'000'000, 35'000'000}));
+  // The WRITE, three early resends, and after the first two (losses) a probe each, 1 ms later, which puts
+  // off the next by as much; the third's would wait past half the ACK timeout. Then the timeout failed it.
+  EXPECT_EQ(h.net_.sent - sent, 6u);
+  constexpr Nanos ms = 1'000'000;
+  EXPECT_EQ(at, (std::vector<Nanos>{0, 5 * ms, 6 * ms, 16 * ms, 17 * ms, 37 * ms}));
 }
 
 // A peer that never answered may be gone rather than lossy: only the ACK timeout resends.
@@ -130,9 +219,7 @@ struct Bursts {
 // go-back-N from the lost packet sends only half the window before the peer's ACK; without the loss rule
 // it sent all of it again, behind a lost packet each time at high loss.
 TEST(Recovery, ALossHalvesTheWindowAndAcksGrowItBack) {
-  QpOptions o = opts();
-  o.retry_cnt = 7;
-  Harness h({}, o);
+  Harness h({}, opts(7));
   constexpr uint32_t kLen = 1 << 20;
   const uint32_t full = h.a.ctx->window_for(1024, 0);
   ASSERT_EQ(full, 1024u);
@@ -178,9 +265,7 @@ TEST(Recovery, ALossHalvesTheWindowAndAcksGrowItBack) {
 // yet (its ACKs were lost, not its requests): the requester takes it and goes on from there rather than
 // resending them, and never waits for an ACK of a PSN it would never reach with a shrunken window.
 TEST(Recovery, AnAckBeyondTheResentPacketsMovesTheRequesterOn) {
-  QpOptions o = opts();
-  o.retry_cnt = 7;
-  Harness h({}, o);
+  Harness h({}, opts(7));
   constexpr uint32_t kLen = 1 << 20;  // 1,024 packets, the whole window
   ASSERT_EQ(write_and_wait(h, 0, 100, 1).status, WcStatus::kSuccess);
   // Every ACK lost until the resend: the requester's early retransmission goes back to the WRITE's first
@@ -217,9 +302,7 @@ TEST(Recovery, AnAckBeyondTheResentPacketsMovesTheRequesterOn) {
 // acknowledge that READ's responses before it, some of which may be missing too: the READ goes again from
 // the first one missing, and completes with every byte.
 TEST(Recovery, ANakInsideAReadDoesNotSkipItsMissingResponses) {
-  QpOptions o = opts();
-  o.retry_cnt = 7;
-  Harness h({}, o);
+  Harness h({}, opts(7));
   constexpr uint32_t kChunk = 64;  // requester.cc kReadChunk
   constexpr uint32_t kLen = 3 * kChunk * 1024;
   fill(h.b.buf, 0, kLen, 5);

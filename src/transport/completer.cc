@@ -294,7 +294,6 @@ void Transport::completer(Qp& qp, PacketView pkt, io::TxBatch& tx, Nanos now) {
     comp.early_deadline = 0;
     comp.early_backoff = 0;
     comp.answered = true;
-    comp.probed = false;
     if (comp.loss_window != 0) {
       const auto acked = static_cast<uint32_t>(std::max(psn_diff(comp.psn, psn_before), 0));
       comp.loss_window += std::max<uint32_t>(acked / 8, 1);
@@ -302,6 +301,8 @@ void Transport::completer(Qp& qp, PacketView pkt, io::TxBatch& tx, Nanos now) {
     }
     // Acknowledged beyond what this round of a go-back-N has resent: it goes on from there.
     if (psn_diff(comp.psn, qp.req_.psn) > 0) go_back_n(qp);
+    if (comp.probed) [[unlikely]]
+      return probe_answered(qp, tx, now);
     if (qp.state() != QpState::kErr) requester(qp, tx, now);  // the window may have opened; re-arms the timer
   }
 }

@@ -366,25 +366,42 @@ bool Transport::probe_stage(const Qp& qp) {
 
 bool Transport::probe(Qp& qp, io::TxBatch& tx, Nanos now) {
   ReqState& req = qp.req_;
-  qp.comp_.probed = true;
-  // The last packet sent: that of the WQE being sent, or of the one before the next to send.
-  if (req.wqe == 0 && req.offset == 0) return false;
-  const uint64_t i = req.offset != 0 ? req.wqe : req.wqe - 1;
-  if (i < qp.comp_.wqe || i >= qp.sq_head_) return false;
-  const SendWqe& w = qp.sq_[i & qp.sq_mask_];
-  const uint32_t p = psn_add(req.psn, kPsnMask);  // req.psn - 1
-  if (!w.started || is_read_or_atomic(w.opcode) || psn_diff(p, w.first_psn) < 0 ||
-      psn_diff(p, w.last_psn) > 0)
+  CompState& comp = qp.comp_;
+  comp.probed = true;
+  // The oldest packet not acknowledged: the responder has it (a duplicate, re-ACKed with all it has) or
+  // lacks it (in order, so it takes it and ACKs it). Either way an ACK comes; the last packet, behind one
+  // that was lost, would be dropped silently (the responder NAKs a gap once).
+  if (comp.wqe >= qp.sq_head_ || psn_diff(req.psn, comp.psn) <= 0) return false;
+  const SendWqe& w = qp.sq_[comp.wqe & qp.sq_mask_];
+  if (!w.started || is_read_or_atomic(w.opcode) || psn_diff(comp.psn, w.first_psn) < 0 ||
+      psn_diff(comp.psn, w.last_psn) > 0)
     return false;
   qp.ctx()->counters().add(Counter::tail_probes);
-  // Step back one packet and let the requester send it again, asking for an ACK (and, past it, only what
-  // it had not sent yet: the window was full, or nothing more was posted).
-  req.wqe = i;
-  req.offset = static_cast<uint32_t>(psn_diff(p, w.first_psn)) * qp.pmtu_;
-  req.psn = p;
-  req.noack_pkts = kPsnMask;
+  // That one packet, asking for an ACK (a window of 1); then the requester goes on from where it was.
+  const ReqState saved = req;
+  const uint32_t window = comp.loss_window;
+  req.wqe = comp.wqe;
+  req.offset = static_cast<uint32_t>(psn_diff(comp.psn, w.first_psn)) * qp.pmtu_;
+  req.psn = comp.psn;
+  comp.loss_window = 1;
   requester(qp, tx, now);
+  comp.loss_window = window;
+  req = saved;
   return true;
+}
+
+void Transport::probe_answered(Qp& qp, io::TxBatch& tx, Nanos now) {
+  qp.comp_.probed = false;
+  if (qp.state() == QpState::kErr) return;
+  // An ACK after a millisecond or more without one: the probe's answer. The responder has every packet up
+  // to the one acknowledged and, as it drops what comes out of order, none beyond: anything still
+  // outstanding was lost (or its NAK was), so go back now rather than after the early retransmission's wait.
+  if (psn_diff(qp.req_.psn, qp.comp_.psn) > 0) {
+    qp.ctx()->counters().add(Counter::probe_go_backs);
+    resend_after_loss(qp, tx, now);
+  } else {
+    requester(qp, tx, now);
+  }
 }
 
 }  // namespace softrdma::core

@@ -160,22 +160,27 @@ class Transport {
   // made progress, with timeout 0 (no timer, as rxe), and where its wait would reach half the ACK timeout. At
   // least 5 ms: a peer that the scheduler held back for a tick (4 ms at HZ 250) has lost nothing.
   static constexpr Nanos kEarlyMinNs = 5'000'000;
-  // The tail loss probe (as TCP's, RFC 8985), the early retransmission's first stage after a loss, until
-  // the window has grown whole again: after twice the round trip, at least kProbeMinNs, the requester sends
-  // its last packet again, once, asking for an ACK, and waits the early retransmission's time again before
-  // it goes back. The responder coalesces a burst's ACKs into one, so a window that arrived whole in one
-  // burst had one ACK, and a small window (after a loss) that lost it had nothing more to send: it waited
-  // 5 ms for a go-back-N, about 60 times per 100 MiB at 1% loss and path MTU 1024. The peer answers the
-  // duplicate with an ACK of all it has (or NAKs a gap before it, if it has not already). Not while the
-  // peer still reads a queue that holds the packets (as the early retransmission), nor for a READ or ATOMIC
-  // request, nor where kProbeMinNs is over an eighth of the ACK timeout. Only after a loss: where nothing
-  // was lost, the early retransmission waits as before.
+  // A loss probe (after TCP's tail loss probe, RFC 8985), the early retransmission's first stage after a
+  // loss, until the window has grown whole again: after twice the round trip, at least kProbeMinNs, the
+  // requester sends its oldest unacknowledged packet again, once, asking for an ACK. The responder answers
+  // it either way (a duplicate is re-ACKed with all it has; a missing packet is taken in order and ACKed),
+  // and an answer that leaves packets outstanding means they were lost, or their NAK was (the responder
+  // NAKs a gap once and drops the rest silently): the requester goes back at once (probe_answered). With
+  // no answer, the go-back-N comes after the early retransmission's wait, again. What it is for: the
+  // responder coalesces a burst's ACKs into one, so a small window (after a loss) that arrived whole had
+  // one ACK, and when it was lost the requester had nothing more to send and waited 5 ms for a go-back-N,
+  // as after a lost retransmission or a lost NAK: about 75 times per 100 MiB at 1% loss and path MTU 1024.
+  // Not while the peer still reads a queue that holds the packets (as the early retransmission), nor with
+  // a READ or ATOMIC at the head, nor where kProbeMinNs is over an eighth of the ACK timeout. Only after a
+  // loss: where nothing was lost, the early retransmission waits as before.
   static constexpr Nanos kProbeMinNs = 1'000'000;
   [[gnu::cold]] static bool probe_stage(const Qp& qp);
   [[gnu::cold]] static Nanos probe_wait(const Qp& qp,
                                         Nanos rto);  // the early wait, shortened if a probe is due
   // Sends the probe; false where there is no packet to probe with (then go back instead).
   [[gnu::cold]] static bool probe(Qp& qp, io::TxBatch& tx, Nanos now);
+  // An ACK made progress after a probe: goes back at once if packets are still outstanding, else on.
+  [[gnu::cold]] static void probe_answered(Qp& qp, io::TxBatch& tx, Nanos now);
   // A loss (a NAK of a PSN gap, a READ response missing, an ACK timeout, an early retransmission) halves
   // the QP's send window, down to kMinLossWindow packets, and each ACK that makes progress grows it by an
   // eighth of the packets it acknowledged, until it is full again. Go-back-N resends what was in flight

@@ -118,6 +118,37 @@ TEST(Recovery, ALostAckIsAnsweredByTheProbe) {
   EXPECT_EQ(h.b.counters.get(Counter::dup_requests), dups + 1);
 }
 
+// After a loss, a packet of a WRITE lost again where the responder stays silent: its resend lost (the peer
+// NAKed that gap already), or the packet and its NAK lost. The probe, the oldest unacknowledged packet,
+// fills the gap; its ACK says the packets after it went nowhere, and the requester goes back at once, a
+// millisecond after the last progress rather than the early retransmission's 5 ms after the probe (as
+// when the probe was the last packet, which the responder dropped silently behind the gap).
+TEST(Recovery, AProbesAnswerThatLeavesPacketsOutstandingGoesBackAtOnce) {
+  for (const bool lose_nak : {false, true}) {
+    SCOPED_TRACE(lose_nak ? "the packet and its NAK lost" : "the packet and its resend lost");
+    Harness h({}, opts(7));
+    answer_then_lose(h, true);
+    uint32_t first = 0;
+    int lost = 0, naks_lost = 0;
+    h.net_.drop_if = [&](uint64_t, std::span<const uint8_t> f) {
+      if (f[0] == rc(wire::kOpWriteFirst) && first == 0) first = psn_of(f);
+      if (f[0] == rc(wire::kOpAcknowledge) && (f[12] & 0xE0) == 0x60)  // a NAK (AETH syndrome 011x xxxx)
+        return lose_nak && naks_lost++ == 0;
+      return first != 0 && psn_of(f) == ((first + 2) & 0xFFFFFF) && lost++ < (lose_nak ? 1 : 2);
+    };
+    const uint64_t naks = h.a.counters.get(Counter::rx_nak_psn_seq);
+    const Nanos t0 = g_now;
+    EXPECT_EQ(write_and_wait(h, 8192, 8 * 1024, 2).status, WcStatus::kSuccess);  // 8 packets
+    EXPECT_EQ(h.a.counters.get(Counter::rx_nak_psn_seq), naks + (lose_nak ? 0 : 1));
+    EXPECT_EQ(h.a.counters.get(Counter::tail_probes), 1u);
+    EXPECT_EQ(h.a.counters.get(Counter::probe_go_backs), 1u);
+    EXPECT_EQ(h.a.counters.get(Counter::early_retransmits), 0u);
+    EXPECT_GE(g_now - t0, Transport::kProbeMinNs);
+    EXPECT_LT(g_now - t0, Transport::kProbeMinNs + Transport::kProbeMinNs / 2);
+    EXPECT_EQ(std::memcmp(h.a.buf.data() + 8192, h.b.buf.data() + 8192, 8 * 1024), 0);
+  }
+}
+
 // A same-host peer that still reads the ring holding the packets (io::Backend::peer_behind) is late, not
 // lossy: neither the probe nor the early retransmission goes; the ACK timeout's own waits (retry_waits)
 // and retransmission recover a packet that is lost after all.

@@ -376,8 +376,8 @@ bool Transport::probe(Qp& qp, io::TxBatch& tx, Nanos now) {
   if (!w.started || is_read_or_atomic(w.opcode) || psn_diff(comp.psn, w.first_psn) < 0 ||
       psn_diff(comp.psn, w.last_psn) > 0)
     return false;
-  qp.ctx()->counters().add(Counter::tail_probes);
-  // That one packet, asking for an ACK (a window of 1); then the requester goes on from where it was.
+  // That one packet, asking for an ACK (a window of 1); then the requester goes on from where it was. (It
+  // may send none: a fenced WRITE at the head while READs behind it are outstanding.)
   const ReqState saved = req;
   const uint32_t window = comp.loss_window;
   req.wqe = comp.wqe;
@@ -385,9 +385,11 @@ bool Transport::probe(Qp& qp, io::TxBatch& tx, Nanos now) {
   req.psn = comp.psn;
   comp.loss_window = 1;
   requester(qp, tx, now);
+  const bool sent = req.psn != comp.psn;
   comp.loss_window = window;
   req = saved;
-  return true;
+  if (sent) qp.ctx()->counters().add(Counter::tail_probes);
+  return sent;
 }
 
 void Transport::probe_answered(Qp& qp, io::TxBatch& tx, Nanos now) {

@@ -16,7 +16,7 @@ namespace softrdma {
   X(retransmits, "request packets sent again (go-back-N)")                                                   \
   X(retry_timeouts, "local ACK timeouts")                                                                    \
   X(early_retransmits, "go-back-N before the ACK timeout: no ACK for some round trips")                      \
-  X(tail_probes,                                                                                             \
+  X(loss_probes,                                                                                             \
     "oldest unacknowledged packet sent again, asking for an ACK: none for 2 round trips after a loss")       \
   X(probe_go_backs, "go-back-N at once: a probe's ACK showed packets lost after it (or their NAK)")          \
   X(rnr_retries, "retries after RNR NAK")                                                                    \

@@ -135,7 +135,7 @@ struct CompState {
   Nanos early_deadline = 0;   // 0 = not armed
   uint8_t early_backoff = 0;  // early retransmissions since the last progress (each doubles the wait)
   bool answered = false;      // an ACK has made progress (until one has, the peer may be gone, not lossy)
-  bool probed = false;  // a tail loss probe went since the last progress or go-back-N (Transport::probe)
+  bool probed = false;        // a loss probe went since the last progress or go-back-N (Transport::probe)
   // The send window after a loss, in packets (Transport::resend_after_loss; 0: the full window, none lost
   // since).
   uint32_t loss_window = 0;

@@ -92,16 +92,8 @@ void Transport::retire(Qp& qp) {
 // WQE partly acknowledged (or partly read) resumes where the acknowledged part ends.
 void Transport::go_back_n(Qp& qp) {
   ReqState& req = qp.req_;
-  const CompState& comp = qp.comp_;
-  req.offset = 0;
-  if (comp.wqe < qp.sq_head_) {
-    const SendWqe& w = qp.sq_[comp.wqe & qp.sq_mask_];
-    if (w.started && psn_diff(comp.psn, w.first_psn) > 0)
-      req.offset = static_cast<uint32_t>(psn_diff(comp.psn, w.first_psn)) * qp.pmtu_;
-  }
+  rewind_requester(qp);
   req.rd_atomic = 0;
-  req.wqe = comp.wqe;
-  req.psn = comp.psn;
   req.noack_pkts = 0;
   qp.comp_.retrans_deadline = 0;
   qp.comp_.early_deadline = 0;

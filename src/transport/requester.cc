@@ -380,15 +380,13 @@ bool Transport::probe(Qp& qp, io::TxBatch& tx, Nanos now) {
   // may send none: a fenced WRITE at the head while READs behind it are outstanding.)
   const ReqState saved = req;
   const uint32_t window = comp.loss_window;
-  req.wqe = comp.wqe;
-  req.offset = static_cast<uint32_t>(psn_diff(comp.psn, w.first_psn)) * qp.pmtu_;
-  req.psn = comp.psn;
+  rewind_requester(qp);
   comp.loss_window = 1;
   requester(qp, tx, now);
   const bool sent = req.psn != comp.psn;
   comp.loss_window = window;
   req = saved;
-  if (sent) qp.ctx()->counters().add(Counter::tail_probes);
+  if (sent) qp.ctx()->counters().add(Counter::loss_probes);
   return sent;
 }
 

@@ -138,6 +138,20 @@ class Transport {
   static void complete_recv(Qp& qp, const Wc& wc, bool solicited);
   static bool pop_rq(Qp& qp, RecvWqe* out) { return qp.rq_.pop(out); }
   static void go_back_n(Qp& qp);
+  // Points the requester at the oldest unacknowledged PSN: its WQE and, in a WQE partly acknowledged (or
+  // partly read), where the acknowledged part ends. (go_back_n resends from there; probe sends one packet.)
+  static void rewind_requester(Qp& qp) {
+    ReqState& req = qp.req_;
+    const CompState& comp = qp.comp_;
+    req.offset = 0;
+    if (comp.wqe < qp.sq_head_) {
+      const SendWqe& w = qp.sq_[comp.wqe & qp.sq_mask_];
+      if (w.started && wire::psn_diff(comp.psn, w.first_psn) > 0)
+        req.offset = static_cast<uint32_t>(wire::psn_diff(comp.psn, w.first_psn)) * qp.pmtu_;
+    }
+    req.wqe = comp.wqe;
+    req.psn = comp.psn;
+  }
   // Moves past the packet just sent at `now`; times the round trip of a first sending when none is timed.
   static void advance_psn(Qp& qp, uint32_t next, Nanos now);
   static void fail_head(Qp& qp, WcStatus status);

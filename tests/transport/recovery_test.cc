@@ -1,5 +1,5 @@
 // Loss recovery beyond the IBTA minimum (transport.h, kEarlyMinNs, kProbeMinNs and kMinLossWindow): a
-// go-back-N before the QP's ACK timeout once the peer has answered, after a loss led by a tail loss probe,
+// go-back-N before the QP's ACK timeout once the peer has answered, after a loss led by a loss probe,
 // which spend no retry and leave that timeout where it was; a send window halved by each loss and grown back
 // by the ACKs; ACKs that acknowledge packets of the round before a go-back-N; and NAKs that do not skip a
 // READ's responses.
@@ -35,7 +35,7 @@ Wc write_and_wait(Harness& h, uint64_t off, uint32_t len, uint64_t wr_id) {
 
 // The peer answers a first WRITE; then, with `loss`, a request packet is lost and recovered (the peer NAKs
 // the gap, which takes a retry, as in rxe): the window is halved, and until it has grown whole again the
-// early retransmission begins with a tail loss probe.
+// early retransmission begins with a loss probe.
 void answer_then_lose(Harness& h, bool loss) {
   ASSERT_EQ(write_and_wait(h, 0, 100, 1).status, WcStatus::kSuccess);
   if (!loss) return;
@@ -65,14 +65,14 @@ TailLoss lose_the_last_packet(int times, bool after_loss) {
   const Nanos t0 = g_now;
   EXPECT_EQ(write_and_wait(h, 4096, 100, 2).status, WcStatus::kSuccess);
   EXPECT_EQ(seen, times + 1);
-  return {h.a.counters.get(Counter::tail_probes), h.a.counters.get(Counter::early_retransmits),
+  return {h.a.counters.get(Counter::loss_probes), h.a.counters.get(Counter::early_retransmits),
           h.a.counters.get(Counter::retry_timeouts), g_now - t0,
           std::memcmp(h.a.buf.data() + 4096, h.b.buf.data() + 4096, 100) == 0};
 }
 
 // No later packet makes the peer NAK, so only a timer finds it: once the peer has answered, a go-back-N
 // after kEarlyMinNs (the round trips here are microseconds), not after the 67 ms ACK timeout. After a loss,
-// the last packet goes again first after kProbeMinNs (the tail loss probe), and, the probe lost too, the
+// the last packet goes again first after kProbeMinNs (the loss probe), and, the probe lost too, the
 // go-back-N follows kEarlyMinNs after it. Where nothing was lost before, no probe.
 TEST(Recovery, ALostLastPacketGoesAgainBeforeTheAckTimeout) {
   struct Case {
@@ -112,7 +112,7 @@ TEST(Recovery, ALostAckIsAnsweredByTheProbe) {
   EXPECT_EQ(acks, 2);  // the one dropped and the probe's
   EXPECT_GE(g_now - t0, Transport::kProbeMinNs);
   EXPECT_LT(g_now - t0, Transport::kProbeMinNs + Transport::kProbeMinNs / 2);
-  EXPECT_EQ(h.a.counters.get(Counter::tail_probes), 1u);
+  EXPECT_EQ(h.a.counters.get(Counter::loss_probes), 1u);
   EXPECT_EQ(h.a.counters.get(Counter::retransmits), resent + 1);  // the probe alone
   EXPECT_EQ(h.a.counters.get(Counter::early_retransmits), 0u);
   EXPECT_EQ(h.b.counters.get(Counter::dup_requests), dups + 1);
@@ -140,7 +140,7 @@ TEST(Recovery, AProbesAnswerThatLeavesPacketsOutstandingGoesBackAtOnce) {
     const Nanos t0 = g_now;
     EXPECT_EQ(write_and_wait(h, 8192, 8 * 1024, 2).status, WcStatus::kSuccess);  // 8 packets
     EXPECT_EQ(h.a.counters.get(Counter::rx_nak_psn_seq), naks + (lose_nak ? 0 : 1));
-    EXPECT_EQ(h.a.counters.get(Counter::tail_probes), 1u);
+    EXPECT_EQ(h.a.counters.get(Counter::loss_probes), 1u);
     EXPECT_EQ(h.a.counters.get(Counter::probe_go_backs), 1u);
     EXPECT_EQ(h.a.counters.get(Counter::early_retransmits), 0u);
     EXPECT_GE(g_now - t0, Transport::kProbeMinNs);
@@ -162,14 +162,14 @@ TEST(Recovery, NothingGoesEarlyWhileThePeerIsBehind) {
     return f[0] == rc(wire::kOpWriteOnly) && ++seen == 1;
   };
   EXPECT_EQ(write_and_wait(h, 4096, 100, 2).status, WcStatus::kSuccess);
-  EXPECT_EQ(h.a.counters.get(Counter::tail_probes), 0u);
+  EXPECT_EQ(h.a.counters.get(Counter::loss_probes), 0u);
   EXPECT_EQ(h.a.counters.get(Counter::early_retransmits), 0u);
   EXPECT_EQ(h.a.counters.get(Counter::retry_waits), uint64_t{Transport::kMaxRetryWaits});
   EXPECT_EQ(h.a.counters.get(Counter::retry_timeouts), timeouts + 1);
 }
 
 // A peer that answered and then went away: the early retransmissions double their wait (5, 10, 20 ms)
-// while it stays under half the ACK timeout; each is a loss, so a tail loss probe leads the next wait, 1 ms
+// while it stays under half the ACK timeout; each is a loss, so a loss probe leads the next wait, 1 ms
 // in, and puts the next off by as much. The ACK timeout still runs out 67.1 ms after the post, as without
 // them, failing the WQE with retry_cnt 0.
 TEST(Recovery, EarlyRetransmissionsLeaveTheAckTimeoutWhereItWas) {
@@ -191,7 +191,7 @@ TEST(Recovery, EarlyRetransmissionsLeaveTheAckTimeoutWhereItWas) {
   static_assert(Transport::kEarlyMinNs * 4 <= (4096ull << 14) / 2 &&
                 Transport::kEarlyMinNs * 8 > (4096ull << 14) / 2);
   EXPECT_EQ(h.a.counters.get(Counter::early_retransmits), 3u);
-  EXPECT_EQ(h.a.counters.get(Counter::tail_probes), 2u);
+  EXPECT_EQ(h.a.counters.get(Counter::loss_probes), 2u);
   EXPECT_EQ(h.a.counters.get(Counter::retry_timeouts), 1u);
   // The WRITE, three early resends, and after the first two (losses) a probe each, 1 ms later, which puts
   // off the next by as much; the third's would wait past half the ACK timeout. Then the timeout failed it.

@@ -798,6 +798,8 @@ TEST(UdpIoTest, GsoRunsArriveAsPackets) {
   ASSERT_TRUE(a && b);
   const Bytes full = pattern(4096, 3), tail = pattern(1000, 4);
   std::vector<TxPacket> pkts(41);
+  // More than a sending thread's stage holds: the first messages go laid out whole, the rest in pieces.
+  static_assert(40 * (28 + 4096 + wire::kIcrcLen) > UdpIo::kTxStageBytes);
   for (uint32_t i = 0; i < pkts.size(); ++i) {
     fill_header(pkts[i], i, 28, 0);
     pkts[i].src = a->ep();

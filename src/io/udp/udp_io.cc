@@ -6,6 +6,7 @@
 #include <netinet/ip.h>
 #include <netinet/udp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -180,6 +181,36 @@ struct UdpIo::TxScratch {
   // constructing the 18 spans (std::span zeroes itself) cost 42 instructions a call.
   std::span<const uint8_t> segs[kMaxPayloadIov + 2];
 };
+
+// Where a sending thread lays out its chunk's messages whole (UdpIo::send): kTxStageBytes, allocated at the
+// thread's first send (not in TxScratch, which every thread that makes verbs calls has: only the threads
+// that send pay for it). Null if the allocation failed: messages then go in pieces. Freed when the thread
+// ends, by a key's destructor rather than a thread_local one: those run before the process's exit
+// handlers, and one of them sends (Context::flush_deferred_acks_at_exit), which found the stage freed.
+constinit thread_local uint8_t* tls_stage = nullptr;
+
+void free_stage(void* p) {
+  tls_stage = nullptr;
+  ::operator delete[](p, std::align_val_t{64});
+}
+
+uint8_t* tx_stage() {
+  if (tls_stage != nullptr) [[likely]]
+    return tls_stage;
+  static const pthread_key_t key = [] {
+    pthread_key_t k{};
+    return pthread_key_create(&k, free_stage) == 0 ? k : pthread_key_t{~0u};
+  }();
+  if (key == pthread_key_t{~0u}) return nullptr;
+  auto* bytes =
+      static_cast<uint8_t*>(::operator new[](UdpIo::kTxStageBytes, std::align_val_t{64}, std::nothrow));
+  if (bytes != nullptr && pthread_setspecific(key, bytes) != 0) {
+    ::operator delete[](bytes, std::align_val_t{64});
+    bytes = nullptr;
+  }
+  tls_stage = bytes;
+  return bytes;
+}
 
 UdpIo::UdpIo(const wire::Gid& local_addr, uint32_t scope_id, Counters* counters)
     : local_addr_(local_addr),
@@ -529,23 +560,57 @@ size_t UdpIo::send(std::span<TxPacket> pkts, bool keep_open_tail) {
       i = t.pkt[n_pkt].index;
       dropped = t.dropped_before[m];
     }
-    // The ICRCs: the segments it covers are the header, payload pieces and pad zeros. (No software prefetch
-    // of the next payload: README, "For 64 QPs x 1 MiB over sockets".)
+    // Each message is copied whole into the stage, its packets one after another (header, payload pieces,
+    // pad, ICRC), and handed to the kernel as one piece: the kernel's copy of many small pieces cost more
+    // than this copy (README, "One piece per message"). The ICRC is computed over the staged packet, just
+    // copied. A message that does not fit keeps its pieces and its ICRCs go into trailer[].
     std::span<const uint8_t>* const segs = t.segs;
-    for (uint32_t k = 0; k < n_pkt; ++k) {
-      const TxPacket& p = pkts[t.pkt[k].index];
-      const uint32_t pad = p.pad & 3u;
-      uint32_t nseg = 0;
-      segs[nseg++] = std::span<const uint8_t>(p.hdr, p.hdr_len);
-      for (uint32_t j = 0; j < p.n_iov; ++j)
-        segs[nseg++] =
-            std::span<const uint8_t>(static_cast<const uint8_t*>(p.iov[j].iov_base), p.iov[j].iov_len);
-      if (pad != 0) segs[nseg++] = std::span<const uint8_t>(kZeros, pad);
-      const uint32_t icrc = wire::icrc_for_udp(
-          src, p.dst, std::span<const std::span<const uint8_t>>(segs, nseg), t.pkt[k].ip_id);
-      uint8_t* trailer = t.trailer[k];
-      std::memset(trailer, 0, pad);
-      wire::store_icrc(trailer + pad, icrc);
+    uint8_t* const stage = m != 0 ? tx_stage() : nullptr;
+    uint32_t staged = 0;
+    for (uint32_t j = 0; j < m; ++j) {
+      const uint32_t first = t.first_pkt[j], end = first + t.npkts[j];
+      const bool flat = stage != nullptr && staged + t.len[j] <= kTxStageBytes;
+      uint8_t* const msg = flat ? stage + staged : nullptr;
+      uint8_t* at = msg;
+      for (uint32_t k = first; k < end; ++k) {
+        const TxPacket& p = pkts[t.pkt[k].index];
+        const uint32_t pad = p.pad & 3u;
+        uint32_t nseg = 0;
+        if (flat) {
+          uint8_t* const start = at;
+          std::memcpy(at, p.hdr, p.hdr_len);
+          at += p.hdr_len;
+          for (uint32_t q = 0; q < p.n_iov; ++q) {
+            if (p.iov[q].iov_len != 0) std::memcpy(at, p.iov[q].iov_base, p.iov[q].iov_len);
+            at += p.iov[q].iov_len;
+          }
+          std::memset(at, 0, pad);
+          at += pad;
+          segs[nseg++] = std::span<const uint8_t>(start, static_cast<size_t>(at - start));
+        } else {
+          segs[nseg++] = std::span<const uint8_t>(p.hdr, p.hdr_len);
+          for (uint32_t q = 0; q < p.n_iov; ++q)
+            segs[nseg++] =
+                std::span<const uint8_t>(static_cast<const uint8_t*>(p.iov[q].iov_base), p.iov[q].iov_len);
+          if (pad != 0) segs[nseg++] = std::span<const uint8_t>(kZeros, pad);
+        }
+        const uint32_t icrc = wire::icrc_for_udp(
+            src, p.dst, std::span<const std::span<const uint8_t>>(segs, nseg), t.pkt[k].ip_id);
+        if (flat) {
+          wire::store_icrc(at, icrc);
+          at += wire::kIcrcLen;
+        } else {
+          uint8_t* trailer = t.trailer[k];
+          std::memset(trailer, 0, pad);
+          wire::store_icrc(trailer + pad, icrc);
+        }
+      }
+      if (flat) {
+        msghdr& h = t.msgs[j].msg_hdr;
+        h.msg_iov[0] = iovec{msg, t.len[j]};
+        h.msg_iovlen = 1;
+        staged += t.len[j];
+      }
     }
     // Messages of several segments carry UDP_SEGMENT.
     for (uint32_t k = 0; k < m; ++k) {

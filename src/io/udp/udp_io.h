@@ -34,6 +34,9 @@ class UdpIo : public Backend {
   // Packets per sendmmsg, and iovecs (each packet takes its payload pieces + 2).
   static constexpr uint32_t kTxChunk = 64;
   static constexpr uint32_t kTxIov = 1024;  // UIO_MAXIOV: also the most one GSO message may have
+  // Bytes of messages per chunk copied whole into one piece each (UdpIo::send): a sending thread's batch
+  // (TxBatch: 128 KiB of payload at most) with its headers.
+  static constexpr uint32_t kTxStageBytes = 136 * 1024;
   // UDP GSO: at most this many packets, and bytes, in one message.
   static constexpr uint32_t kMaxGsoSegments = 64;
   static constexpr uint32_t kMaxGsoBytes = 65000;

@@ -20,10 +20,15 @@
 //                                               4096 for SECONDS (4 KiB payloads in turn from a SIZE-byte
 //                                               buffer, 12-byte headers and 4-byte trailers around them, GSO
 //                                               messages of 15, sendmmsg of 2), as softrdma's socket path
-//                                               sends them; no ICRC, no transport, one copy a side by the
-//                                               kernel: the bound the socket path's bandwidth meets first.
+//                                               sends them: each message copied whole into a stage and
+//                                               handed to the kernel as one piece; no ICRC, no transport:
+//                                               the bound the socket path's bandwidth meets first.
 //                                               Prints the rate the server received (bytes_per_sec; its
 //                                               first receive to its last) and the share of what was sent
+//   floor-bench udp-stream-client PORT SIZE SECONDS pieces
+//                                               the same datagrams handed to the kernel in three pieces a
+//                                               packet (header, payload, trailer), with no copy of softrdma's
+//                                               own, as its socket path sent them before 2026-12-05
 //   floor-bench udp-stream-client PORT SIZE SECONDS splice
 //                                               the same datagrams with no copy on the sender: the payloads'
 //                                               pages handed to the kernel by vmsplice into a pipe and
@@ -365,7 +370,8 @@ int udp_client_rc(uint16_t port, size_t size, long iters) {
 // middle RC WRITE packet at path MTU 4096: a 12-byte header, 4 KiB of payload from the source buffer, a
 // 4-byte trailer; the sender puts them in GSO messages of 15 and sends two messages per sendmmsg, as
 // softrdma's socket path does (a full batch of 32 packets goes as 15 + 15, the rest kept back for the next:
-// io/packet.h, TxBatch), from an unconnected socket. Control
+// io/packet.h, TxBatch), from an unconnected socket, each message copied whole into a stage first (one
+// piece for the kernel, io/udp UdpIo::send; the pieces mode hands over the three pieces of each). Control
 // datagrams (one byte) go on a second socket, so that the kernel never coalesces them with data: 'h' (the
 // server answers 'h') and 'e' (the server answers with its count and exits).
 constexpr size_t kStreamHeader = 12, kStreamPayload = 4096, kStreamTrailer = 4;
@@ -510,7 +516,9 @@ class SpliceSender {
   alignas(256) char ht_[kPerMsg + 1][kStreamTrailer + kStreamHeader] = {};
 };
 
-int udp_stream_client(uint16_t port, size_t size, double seconds, bool splice_pages) {
+enum class StreamMode { kStaged, kPieces, kSplice };
+
+int udp_stream_client(uint16_t port, size_t size, double seconds, StreamMode mode) {
   const int ctl = client_socket(port);
   char answer[256];
   if (stream_control(ctl, 'h', answer, sizeof answer) == 0) {
@@ -526,7 +534,9 @@ int udp_stream_client(uint16_t port, size_t size, double seconds, bool splice_pa
   const auto* src = static_cast<const char*>(mem);
   static char headers[kStreamPktsPerCall][kStreamHeader];
   static char trailers[kStreamPktsPerCall][kStreamTrailer];
-  iovec iov[kStreamPktsPerCall * 3];  // the copy mode's
+  iovec iov[kStreamPktsPerCall * 3];                                          // the pieces mode's
+  static char stage[kStreamMsgsPerCall][kStreamSegsPerMsg * kStreamSegment];  // the staged mode's
+  iovec whole[kStreamMsgsPerCall];
   mmsghdr msgs[kStreamMsgsPerCall];
   alignas(cmsghdr) char ctrl[kStreamMsgsPerCall][CMSG_SPACE(sizeof(uint16_t))];
   for (uint32_t m = 0; m < kStreamMsgsPerCall; ++m) {
@@ -534,12 +544,13 @@ int udp_stream_client(uint16_t port, size_t size, double seconds, bool splice_pa
     h = msghdr{};
     h.msg_name = &to;
     h.msg_namelen = sizeof to;
-    h.msg_iov = &iov[m * kStreamSegsPerMsg * 3];
-    h.msg_iovlen = kStreamSegsPerMsg * 3;
+    whole[m] = iovec{stage[m], sizeof stage[m]};
+    h.msg_iov = mode == StreamMode::kPieces ? &iov[m * kStreamSegsPerMsg * 3] : &whole[m];
+    h.msg_iovlen = mode == StreamMode::kPieces ? kStreamSegsPerMsg * 3 : 1;
     set_gso(h, ctrl[m], sizeof ctrl[m], kStreamSegment);
   }
   std::optional<SpliceSender> splicer;
-  if (splice_pages) splicer.emplace(fd);
+  if (mode == StreamMode::kSplice) splicer.emplace(fd);
   size_t off = 0;
   uint64_t sent = 0;
   const auto start = Clock::now();
@@ -555,6 +566,13 @@ int udp_stream_client(uint16_t port, size_t size, double seconds, bool splice_pa
         splicer->send_message(payloads + p, std::min(SpliceSender::kPerMsg, kStreamPktsPerCall - p), to);
     } else {
       for (uint32_t p = 0; p < kStreamPktsPerCall; ++p) {
+        if (mode == StreamMode::kStaged) {
+          char* at = stage[p / kStreamSegsPerMsg] + p % kStreamSegsPerMsg * kStreamSegment;
+          std::memcpy(at, headers[p], kStreamHeader);
+          std::memcpy(at + kStreamHeader, payloads[p], kStreamPayload);
+          std::memcpy(at + kStreamHeader + kStreamPayload, trailers[p], kStreamTrailer);
+          continue;
+        }
         iov[3 * p] = iovec{headers[p], kStreamHeader};
         iov[3 * p + 1] = iovec{const_cast<char*>(payloads[p]), kStreamPayload};
         iov[3 * p + 2] = iovec{trailers[p], kStreamTrailer};
@@ -886,7 +904,7 @@ int usage() {
                "usage: floor-bench udp-server PORT [rc|block]\n"
                "       floor-bench udp-client PORT SIZE ITERS [rc|block]\n"
                "       floor-bench udp-stream-server PORT\n"
-               "       floor-bench udp-stream-client PORT SIZE SECONDS [splice]\n"
+               "       floor-bench udp-stream-client PORT SIZE SECONDS [pieces|splice]\n"
                "       floor-bench memcpy SIZE SECONDS [PAIRS]\n"
                "       floor-bench kernel-copy SIZE PAIRS\n"
                "       floor-bench mem-pingpong SIZE ITERS\n"
@@ -915,14 +933,17 @@ int main(int argc, char** argv) {
               : udp_client(static_cast<uint16_t>(num(2)), size, iters, block);
   }
   if (cmd == "udp-stream-server" && argc == 3) return udp_stream_server(static_cast<uint16_t>(num(2)));
-  const bool splice_pages = argc == 6 && std::string_view(argv[5]) == "splice";
-  if (cmd == "udp-stream-client" && (argc == 5 || splice_pages)) {
+  const std::string_view stream_mode = argc == 6 ? argv[5] : "";
+  if (cmd == "udp-stream-client" && (argc == 5 || stream_mode == "splice" || stream_mode == "pieces")) {
     const size_t size = num(3);
     const double seconds = std::strtod(argv[4], nullptr);
     if (size < 2 * kStreamPayload || size % kStreamPayload != 0 || size > (size_t{1} << 30) ||
         !(seconds > 0) || seconds > 60)
       return usage();
-    return udp_stream_client(static_cast<uint16_t>(num(2)), size, seconds, splice_pages);
+    return udp_stream_client(static_cast<uint16_t>(num(2)), size, seconds,
+                             stream_mode == "splice"   ? StreamMode::kSplice
+                             : stream_mode == "pieces" ? StreamMode::kPieces
+                                                       : StreamMode::kStaged);
   }
   if (cmd == "memcpy" && (argc == 4 || argc == 5)) {
     const double seconds = std::strtod(argv[3], nullptr);

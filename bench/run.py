@@ -1237,8 +1237,8 @@ def table(cases, meta, tgts):
         w(f"  (the socket path's bare stream, udp_stream: {fmt(med(stream, 'bw') * 1e-9)} GB/s = "
           f"{med(stream, 'bw') / med(tcp, 'bw'):.2f}x qperf tcp_bw 1 MiB"
           + (f" (close placement, {close['n']} of its runs: {close['median']:.2f}x)" if close else "")
-          + "; datagrams laid out as its 4 KiB WRITE packets, sent and received as it does, one kernel copy a "
-          "side, no ICRC, no transport"
+          + "; datagrams laid out as its 4 KiB WRITE packets, sent (each GSO message copied into one piece) and "
+          "received as it does, no ICRC, no transport"
           + (f"; ib_write_bw 1 MiB {med(mine, 'bw') / med(stream, 'bw'):.2f}x it" if med(mine, "bw") else "") + ")")
     for t in tgts:
         status = "MET" if t["met"] else ("missed" if t["met"] is not None else "n/a")

@@ -1,13 +1,15 @@
 #!/bin/sh
-# floor-bench's zero-copy stream (udp-stream-client ... splice, README "Ways to speed measured and not
-# kept"): the datagrams it builds by vmsplice and splice must reach the server.
-# usage: check_stream_splice.sh FLOOR_BENCH
+# floor-bench's streams in a mode other than its default: splice (the zero-copy stream, README "Ways to
+# speed measured and not kept"; the datagrams it builds by vmsplice and splice) or pieces (three pieces a
+# packet, "One piece per message"): they must reach the server.
+# usage: check_stream_splice.sh FLOOR_BENCH [splice|pieces]
 set -u
 fb=$1
+mode=${2:-splice}
 port=$(( 40000 + $$ % 20000 ))
 "$fb" udp-stream-server "$port" >/dev/null &
 server=$!
-out=$("$fb" udp-stream-client "$port" 1048576 0.3 splice)
+out=$("$fb" udp-stream-client "$port" 1048576 0.3 "$mode")
 rc=$?
 if [ "$rc" -ne 0 ]; then kill "$server" 2>/dev/null; fi  # it waits for the client's end otherwise
 wait "$server"

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -606,6 +607,7 @@ size_t UdpIo::send(std::span<TxPacket> pkts, bool keep_open_tail) {
         }
       }
       if (flat) {
+        assert(at == msg + t.len[j]);
         msghdr& h = t.msgs[j].msg_hdr;
         h.msg_iov[0] = iovec{msg, t.len[j]};
         h.msg_iovlen = 1;

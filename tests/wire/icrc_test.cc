@@ -165,5 +165,57 @@ TEST(Icrc, SegmentsEqualContiguous) {
   }
 }
 
+// icrc_in_place equals icrc_for_udp for IPv4 and IPv6, any IPv4 ID, many lengths and endpoints (more than
+// its per-thread cache holds, so entries are replaced and found again), and leaves the buffer as it was.
+TEST(Icrc, InPlaceEqualsForUdp) {
+  const Endpoint v4[] = {endpoint("198.18.0.1", 49458), endpoint("198.18.0.2", 4791),
+                         endpoint("127.0.0.1", 4791), endpoint("10.1.2.3", 50000),
+                         endpoint("198.18.0.1", 49459)};
+  const Endpoint v6[] = {endpoint("fe80::1", 49458), endpoint("2001:db8::2", 4791), endpoint("::1", 4791)};
+  const uint32_t payloads[] = {0, 1, 8, 37, 1024, 4096};
+  const uint16_t ids[] = {0, 1, 2, 61, 63, 0x8001, 0xFFFF};
+  for (int round = 0; round < 2; ++round) {
+    for (uint32_t payload : payloads) {
+      for (const uint8_t op : {uint8_t{0x0A}, uint8_t{0x11}}) {
+        auto pkt = make_bth_to_pad(op, payload);
+        pkt[4] = 0x3C;  // FECN/BECN/reserved bits set: masked for the ICRC, and put back after
+        const std::vector<uint8_t> before = pkt;
+        for (const Endpoint& a : v4) {
+          for (const Endpoint& b : v4) {
+            for (uint16_t id : ids) {
+              SCOPED_TRACE(testing::Message() << payload << " op " << int{op} << " id " << id);
+              EXPECT_EQ(icrc_in_place(a, b, std::span<uint8_t>(pkt), id),
+                        icrc_for_udp(a, b, std::span<const uint8_t>(before), id));
+              ASSERT_EQ(pkt, before);
+            }
+          }
+        }
+        for (const Endpoint& a : v6)
+          for (const Endpoint& b : v6)
+            EXPECT_EQ(icrc_in_place(a, b, std::span<uint8_t>(pkt)),
+                      icrc_for_udp(a, b, std::span<const uint8_t>(before)));
+      }
+    }
+  }
+}
+
+// The in-place check finds the ID a packet was sent with, the hint's or another, and refuses a corrupt one.
+TEST(Icrc, InPlaceCheckFindsTheId) {
+  const Endpoint src = endpoint("198.18.0.1", 49458), dst = endpoint("198.18.0.2", 4791);
+  auto pkt = make_bth_to_pad(0x0A, 1024);
+  for (uint16_t id : {0, 5, 63}) {
+    const uint32_t icrc = icrc_for_udp(src, dst, std::span<const uint8_t>(pkt), id);
+    EXPECT_EQ(icrc_check_any_id(src, dst, std::span<uint8_t>(pkt), icrc, 5, 63), id);
+    EXPECT_EQ(icrc_check_any_id(src, dst, std::span<uint8_t>(pkt), icrc, 0, 63), id);
+    EXPECT_EQ(icrc_check_any_id(src, dst, std::span<uint8_t>(pkt), icrc, 7, 63), id);
+    pkt[100] ^= 1;
+    EXPECT_EQ(icrc_check_any_id(src, dst, std::span<uint8_t>(pkt), icrc, 5, 63), -1);
+    pkt[100] ^= 1;
+  }
+  // An ID past max_id is refused even when it is the hint.
+  const uint32_t icrc = icrc_for_udp(src, dst, std::span<const uint8_t>(pkt), 64);
+  EXPECT_EQ(icrc_check_any_id(src, dst, std::span<uint8_t>(pkt), icrc, 64, 63), -1);
+}
+
 }  // namespace
 }  // namespace softrdma::wire

@@ -564,7 +564,8 @@ size_t UdpIo::send(std::span<TxPacket> pkts, bool keep_open_tail) {
     // Each message is copied whole into the stage, its packets one after another (header, payload pieces,
     // pad, ICRC), and handed to the kernel as one piece: the kernel's copy of many small pieces cost more
     // than this copy (README, "One piece per message"). The ICRC is computed over the staged packet, just
-    // copied. A message that does not fit keeps its pieces and its ICRCs go into trailer[].
+    // copied, in one pass (icrc_in_place). A message that does not fit keeps its pieces and its ICRCs go into
+    // trailer[].
     std::span<const uint8_t>* const segs = t.segs;
     uint8_t* const stage = m != 0 ? tx_stage() : nullptr;
     uint32_t staged = 0;
@@ -576,7 +577,7 @@ size_t UdpIo::send(std::span<TxPacket> pkts, bool keep_open_tail) {
       for (uint32_t k = first; k < end; ++k) {
         const TxPacket& p = pkts[t.pkt[k].index];
         const uint32_t pad = p.pad & 3u;
-        uint32_t nseg = 0;
+        uint32_t icrc;
         if (flat) {
           uint8_t* const start = at;
           std::memcpy(at, p.hdr, p.hdr_len);
@@ -587,16 +588,17 @@ size_t UdpIo::send(std::span<TxPacket> pkts, bool keep_open_tail) {
           }
           std::memset(at, 0, pad);
           at += pad;
-          segs[nseg++] = std::span<const uint8_t>(start, static_cast<size_t>(at - start));
+          icrc = wire::icrc_in_place(src, p.dst, std::span<uint8_t>(start, at), t.pkt[k].ip_id);
         } else {
+          uint32_t nseg = 0;
           segs[nseg++] = std::span<const uint8_t>(p.hdr, p.hdr_len);
           for (uint32_t q = 0; q < p.n_iov; ++q)
             segs[nseg++] =
                 std::span<const uint8_t>(static_cast<const uint8_t*>(p.iov[q].iov_base), p.iov[q].iov_len);
           if (pad != 0) segs[nseg++] = std::span<const uint8_t>(kZeros, pad);
+          icrc = wire::icrc_for_udp(src, p.dst, std::span<const std::span<const uint8_t>>(segs, nseg),
+                                    t.pkt[k].ip_id);
         }
-        const uint32_t icrc = wire::icrc_for_udp(
-            src, p.dst, std::span<const std::span<const uint8_t>>(segs, nseg), t.pkt[k].ip_id);
         if (flat) {
           wire::store_icrc(at, icrc);
           at += wire::kIcrcLen;
@@ -849,7 +851,7 @@ uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t no
     // A socket does not show the IPv4 ID the ICRC covers: 0 for a plain send, k for the k-th segment of a
     // GSO send (likely `index` in a coalesced run; anything up to the most segments a sender puts in one
     // send when the segments arrive one by one).
-    if (wire::icrc_check_any_id(p.src, p.dst, std::span<const uint8_t>(data, body), wire::load_icrc(data + body),
+    if (wire::icrc_check_any_id(p.src, p.dst, std::span<uint8_t>(data, body), wire::load_icrc(data + body),
                                 index, kMaxGsoSegments - 1) < 0) {
       ++bad_icrc;
       continue;

@@ -114,7 +114,7 @@ class World {
     for (io::RxPacket& p : pkts) {
       if (p.len < wire::kBthLen + wire::kIcrcLen) continue;
       const uint32_t body = p.len - wire::kIcrcLen;
-      if (wire::icrc_check_any_id(p.src, p.dst, std::span<const uint8_t>(p.data, body),
+      if (wire::icrc_check_any_id(p.src, p.dst, std::span<uint8_t>(p.data, body),
                                   wire::load_icrc(p.data + body), 0, kMaxGsoSegments - 1) < 0)
         continue;
       p.len = body;

@@ -188,6 +188,7 @@ struct UdpIo::TxScratch {
 // that send pay for it). Null if the allocation failed: messages then go in pieces. Freed when the thread
 // ends, by a key's destructor rather than a thread_local one: those run before the process's exit
 // handlers, and one of them sends (Context::flush_deferred_acks_at_exit), which found the stage freed.
+namespace {
 constinit thread_local uint8_t* tls_stage = nullptr;
 
 void free_stage(void* p) {
@@ -212,6 +213,7 @@ uint8_t* tx_stage() {
   tls_stage = bytes;
   return bytes;
 }
+}  // namespace
 
 UdpIo::UdpIo(const wire::Gid& local_addr, uint32_t scope_id, Counters* counters)
     : local_addr_(local_addr),

@@ -579,7 +579,6 @@ size_t UdpIo::send(std::span<TxPacket> pkts, bool keep_open_tail) {
       for (uint32_t k = first; k < end; ++k) {
         const TxPacket& p = pkts[t.pkt[k].index];
         const uint32_t pad = p.pad & 3u;
-        uint32_t icrc;
         if (flat) {
           uint8_t* const start = at;
           std::memcpy(at, p.hdr, p.hdr_len);
@@ -590,7 +589,9 @@ size_t UdpIo::send(std::span<TxPacket> pkts, bool keep_open_tail) {
           }
           std::memset(at, 0, pad);
           at += pad;
-          icrc = wire::icrc_in_place(src, p.dst, std::span<uint8_t>(start, at), t.pkt[k].ip_id);
+          wire::store_icrc(at,
+                           wire::icrc_in_place(src, p.dst, std::span<uint8_t>(start, at), t.pkt[k].ip_id));
+          at += wire::kIcrcLen;
         } else {
           uint32_t nseg = 0;
           segs[nseg++] = std::span<const uint8_t>(p.hdr, p.hdr_len);
@@ -598,16 +599,12 @@ size_t UdpIo::send(std::span<TxPacket> pkts, bool keep_open_tail) {
             segs[nseg++] =
                 std::span<const uint8_t>(static_cast<const uint8_t*>(p.iov[q].iov_base), p.iov[q].iov_len);
           if (pad != 0) segs[nseg++] = std::span<const uint8_t>(kZeros, pad);
-          icrc = wire::icrc_for_udp(src, p.dst, std::span<const std::span<const uint8_t>>(segs, nseg),
-                                    t.pkt[k].ip_id);
-        }
-        if (flat) {
-          wire::store_icrc(at, icrc);
-          at += wire::kIcrcLen;
-        } else {
           uint8_t* trailer = t.trailer[k];
           std::memset(trailer, 0, pad);
-          wire::store_icrc(trailer + pad, icrc);
+          wire::store_icrc(
+              trailer + pad,
+              wire::icrc_for_udp(src, p.dst, std::span<const std::span<const uint8_t>>(segs, nseg),
+                                 t.pkt[k].ip_id));
         }
       }
       if (flat) {

@@ -37,6 +37,10 @@ class UdpIo : public Backend {
   // Bytes of messages per chunk copied whole into one piece each (UdpIo::send): a sending thread's batch
   // (TxBatch: 128 KiB of payload at most) with its headers.
   static constexpr uint32_t kTxStageBytes = 136 * 1024;
+  // Staging a packet with a payload of kStagePrefetchMin bytes or more asks for the next payloads' lines up
+  // to kStagePrefetchAhead bytes past its own (send).
+  static constexpr uint32_t kStagePrefetchMin = 256;
+  static constexpr uint32_t kStagePrefetchAhead = 4096;
   // UDP GSO: at most this many packets, and bytes, in one message.
   static constexpr uint32_t kMaxGsoSegments = 64;
   static constexpr uint32_t kMaxGsoBytes = 65000;

@@ -585,7 +585,6 @@ size_t UdpIo::send(std::span<TxPacket> pkts, bool keep_open_tail) {
     // its own, are asked for: a payload out of cache (many QPs' large buffers) then arrives while this one
     // is copied and its ICRC computed, rather than line by line as the copy reaches it, the hardware's
     // prefetcher stopping at each page's end (README, "The next payloads asked for ahead").
-    const uint32_t n_chunk_pkts = n_pkt;
     uint32_t pf_next = 0;                         // the first packet whose payload is not yet asked for
     uint64_t pf_through = 0, copied_through = 0;  // payload bytes of the chunk asked for / staged
     for (uint32_t j = 0; j < m; ++j) {
@@ -603,7 +602,7 @@ size_t UdpIo::send(std::span<TxPacket> pkts, bool keep_open_tail) {
               pf_next = k + 1;
               pf_through = copied_through;
             }
-            while (pf_next < n_chunk_pkts && pf_through < copied_through + kStagePrefetchAhead) {
+            while (pf_next < n_pkt && pf_through < copied_through + kStagePrefetchAhead) {
               const TxPacket& next = pkts[t.pkt[pf_next++].index];
               prefetch_payload(next);
               pf_through += next.payload_len;

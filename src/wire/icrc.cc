@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cassert>
 #include <cstring>
 
@@ -225,42 +226,57 @@ uint32_t icrc_in_place(const Endpoint& src, const Endpoint& dst, std::span<uint8
 }
 
 namespace {
-// icrc_check_any_id's search, given the packet's ICRC with ID 0.
+// icrc_check_any_id's search, given the packet's ICRC with ID 0: the ID whose ICRC is the wire's, solved for.
 int match_ip_id(const Endpoint& src, const Endpoint& dst, std::span<const uint8_t> bth_to_pad, uint32_t crc0,
-                uint32_t wire_icrc, uint16_t hint, uint16_t max_id) {
+                uint32_t wire_icrc, uint16_t max_id) {
   if (crc0 == wire_icrc) return 0;
   if (!src.addr.is_v4() || max_id == 0) return -1;
-  // crc(id) = crc(0) ^ D(id), with D linear in the ID's bits; D of each bit depends only on how many
-  // bytes follow the ID field, i.e. on the packet's length. Cache D per length (per thread).
+  // crc(id) = crc(0) ^ D(id), with D linear in the ID's bits; D of each bit depends only on how many bytes
+  // follow the ID field, i.e. on the packet's length. D is one to one (the ID's 16 bits are a burst that
+  // CRC-32 always sees), so D(id) = crc(0) ^ wire has one solution at most: the 16 vectors D(bit) are
+  // reduced to rows with distinct leading bits (Gaussian elimination over GF(2)), each with the ID bits
+  // that make it, and the difference is reduced by them. Cached per length (per thread).
   struct Entry {
     size_t len = SIZE_MAX;
-    uint32_t bit[16];
+    uint32_t row[32];  // row[k]: a combination of the D(bit)s whose highest set bit is k, or 0
+    uint16_t ids[32];  // the ID bits of that combination
   };
   thread_local Entry cache[16];
   Entry& e = cache[bth_to_pad.size() & 15];
   if (e.len != bth_to_pad.size()) {
-    for (int b = 0; b < 16; ++b)
-      e.bit[b] = icrc_for_udp(src, dst, bth_to_pad, static_cast<uint16_t>(1u << b)) ^ crc0;
+    std::fill(std::begin(e.row), std::end(e.row), 0u);
+    for (int b = 0; b < 16; ++b) {
+      uint32_t x = icrc_for_udp(src, dst, bth_to_pad, static_cast<uint16_t>(1u << b)) ^ crc0;
+      auto id = static_cast<uint16_t>(1u << b);
+      while (x != 0) {
+        const int k = std::bit_width(x) - 1;
+        if (e.row[k] == 0) {
+          e.row[k] = x;
+          e.ids[k] = id;
+          break;
+        }
+        x ^= e.row[k];
+        id ^= e.ids[k];
+      }
+    }
     e.len = bth_to_pad.size();
   }
-  const uint32_t delta = crc0 ^ wire_icrc;
-  auto d = [&e](uint32_t id) {
-    uint32_t x = 0;
-    for (int b = 0; id != 0; ++b, id >>= 1)
-      if (id & 1) x ^= e.bit[b];
-    return x;
-  };
-  if (hint != 0 && hint <= max_id && d(hint) == delta) return hint;
-  for (uint32_t id = 1; id <= max_id; ++id)
-    if (d(id) == delta) return static_cast<int>(id);
-  return -1;
+  uint32_t x = crc0 ^ wire_icrc;
+  uint32_t id = 0;
+  while (x != 0) {
+    const int k = std::bit_width(x) - 1;
+    if (e.row[k] == 0) return -1;  // no ID gives the wire's ICRC: the packet is corrupt
+    x ^= e.row[k];
+    id ^= e.ids[k];
+  }
+  return id <= max_id ? static_cast<int>(id) : -1;
 }
 
 }  // namespace
 
 int icrc_check_any_id(const Endpoint& src, const Endpoint& dst, std::span<const uint8_t> bth_to_pad,
-                      uint32_t wire_icrc, uint16_t hint, uint16_t max_id) {
-  return match_ip_id(src, dst, bth_to_pad, icrc_for_udp(src, dst, bth_to_pad, 0), wire_icrc, hint, max_id);
+                      uint32_t wire_icrc, uint16_t max_id) {
+  return match_ip_id(src, dst, bth_to_pad, icrc_for_udp(src, dst, bth_to_pad, 0), wire_icrc, max_id);
 }
 
 int icrc_check_any_id(const Endpoint& src, const Endpoint& dst, std::span<uint8_t> bth_to_pad,
@@ -269,7 +285,7 @@ int icrc_check_any_id(const Endpoint& src, const Endpoint& dst, std::span<uint8_
   if (hint != 0 && hint <= max_id && src.addr.is_v4() &&
       icrc_in_place(src, dst, bth_to_pad, hint) == wire_icrc)
     return hint;
-  return match_ip_id(src, dst, bth_to_pad, icrc_in_place(src, dst, bth_to_pad, 0), wire_icrc, hint, max_id);
+  return match_ip_id(src, dst, bth_to_pad, icrc_in_place(src, dst, bth_to_pad, 0), wire_icrc, max_id);
 }
 
 }  // namespace softrdma::wire

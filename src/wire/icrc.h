@@ -45,13 +45,17 @@ uint32_t icrc_in_place(const Endpoint& src, const Endpoint& dst, std::span<uint8
                        uint16_t ip_id = 0);
 
 // Checks a received packet's ICRC when the IPv4 ID it was sent with is not known (a UDP socket does not
-// show it): 0 for a plain send, k for the k-th segment of a GSO send that reached us split (the kernel
-// numbers them from 0). `hint` is tried first (a coalesced run's position). IDs 0..max_id are accepted; the
-// CRC's linearity makes each extra candidate a few XORs, not another pass over the packet. Returns the ID,
-// or -1 when none matches (the packet is corrupt). IPv6 has no ID: the plain check.
+// show it): 0 for a plain send from softrdma, k for the k-th segment of a GSO send that reached us split
+// (the kernel numbers them from 0), anything from a sender that numbers its packets (Linux's rxe does,
+// and a connected socket). The ID is solved for from the CRC's linearity (a few XORs once the length's
+// table is made, not a pass per candidate) and accepted if it is 0..max_id. Returns the ID, or -1 when
+// none in that range matches (the packet is corrupt). IPv6 has no ID: the plain check. With max_id
+// 0xFFFF a corrupt packet passes with odds of 2^-16 instead of 2^-32: whatever the corruption, some ID
+// makes it match with those odds.
 int icrc_check_any_id(const Endpoint& src, const Endpoint& dst, std::span<const uint8_t> bth_to_pad,
-                      uint32_t wire_icrc, uint16_t hint, uint16_t max_id);
-// The same check of a buffer the caller owns, by icrc_in_place (the hint's ID first).
+                      uint32_t wire_icrc, uint16_t max_id);
+// The same check of a buffer the caller owns, by icrc_in_place; `hint` (a coalesced run's position) is
+// tried first, in the one pass that checks ID 0 otherwise.
 int icrc_check_any_id(const Endpoint& src, const Endpoint& dst, std::span<uint8_t> bth_to_pad,
                       uint32_t wire_icrc, uint16_t hint, uint16_t max_id);
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "io/sys.h"
+#include "util/pcap.h"
 #include "wire/headers.h"
 #include "wire/icrc.h"
 
@@ -748,6 +749,70 @@ TEST(UdpIoTest, KernelHeadersMatchTheIcrc) {
   EXPECT_GE(receive(*b->io, sent).size(), 2u);
 }
 
+// Linux's rxe numbers its packets' IPv4 IDs (the reference capture's run 0x06da.., 0xa967..), and the
+// ICRC covers the ID: at the standard port any ID is accepted, found from the ICRC; at softrdma's own
+// ports only its IDs (0 .. kMaxGsoSegments - 1), and the rest is dropped and counted. The packets are
+// built whole (IPv4 header with the ID, UDP checksum 0 as rxe sends) and sent on a raw socket.
+TEST(UdpIoTest, AtTheStandardPortAnyIpIdIsAccepted) {
+  const int raw = socket(AF_INET, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_RAW);  // IPPROTO_RAW: IP_HDRINCL
+  if (raw < 0) GTEST_SKIP() << "no raw socket: " << std::strerror(errno);
+  // An address of its own in 127/8, so that a context of another test at 127.0.0.1:4791 does not meet it.
+  const char* const local = "127.0.0.77";
+  auto std_port = std::make_unique<Peer>();
+  auto io = UdpIo::create(addr(local), &std_port->counters);
+  ASSERT_TRUE(io);
+  std_port->io = std::move(*io);
+  auto bound = std_port->io->open_port(wire::kRoceV2Port);
+  if (!bound && bound.error() == EADDRINUSE) {
+    close(raw);
+    GTEST_SKIP() << local << ":4791 is taken on this host";
+  }
+  ASSERT_TRUE(bound) << std::strerror(bound.error());
+  std_port->ports.push_back(*bound);
+  auto own = make_peer(local);
+  ASSERT_TRUE(own);
+  const wire::Endpoint from{addr("127.0.0.78"), 49458};
+  const Bytes payload = pattern(1024, 9);
+  TxPacket p;
+  fill_header(p, 77, 12, 0);
+  Bytes body(p.hdr, p.hdr + p.hdr_len);
+  body.insert(body.end(), payload.begin(), payload.end());
+  const uint16_t ids[] = {0, 5, 0x06DA, 0xA967, 0xFFFF};
+  auto send_to = [&](const wire::Endpoint& to, uint16_t id) {
+    Bytes udp_payload = body;
+    udp_payload.resize(body.size() + wire::kIcrcLen);
+    testutil::FrameOptions opt;
+    opt.ip_id = id;
+    opt.udp_checksum = 0;
+    auto frame = testutil::build_frame(from, to, udp_payload, opt);
+    const std::span<uint8_t> ip = std::span<uint8_t>(frame).subspan(14);  // past the Ethernet header
+    wire::store_icrc(ip.data() + ip.size() - wire::kIcrcLen,
+                     wire::icrc_of_ip_packet(ip.first(ip.size() - wire::kIcrcLen)));
+    sockaddr_in dst{};
+    dst.sin_family = AF_INET;
+    dst.sin_port = htons(to.port);
+    inet_pton(AF_INET, local, &dst.sin_addr);
+    ASSERT_EQ(sendto(raw, ip.data(), ip.size(), 0, reinterpret_cast<const sockaddr*>(&dst), sizeof dst),
+              static_cast<ssize_t>(ip.size()))
+        << std::strerror(errno);
+  };
+  for (uint16_t id : ids) send_to(std_port->ep(), id);
+  for (uint16_t id : ids) send_to(own->ep(), id);
+  close(raw);
+  const auto got = receive(*std_port->io, std::size(ids));
+  ASSERT_EQ(got.size(), std::size(ids));
+  for (const Received& r : got) {
+    EXPECT_EQ(r.data, body);
+    EXPECT_EQ(r.src, from);
+  }
+  EXPECT_EQ(count(*std_port, Counter::drop_bad_icrc), 0u);
+  // softrdma's own port: IDs 0 and 5 pass, the three others are dropped as corrupt.
+  EXPECT_EQ(receive(*own->io, 2).size(), 2u);
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  while (count(*own, Counter::drop_bad_icrc) < 3 && Clock::now() < deadline) receive(*own->io, 1, 20);
+  EXPECT_EQ(count(*own, Counter::drop_bad_icrc), 3u);
+}
+
 TEST(UdpIoTest, Ipv6Loopback) {
   auto probe = UdpIo::create(addr("::1"), nullptr);
   ASSERT_TRUE(probe.has_value());
@@ -908,7 +973,8 @@ TEST(UdpIoTest, KernelSplitGsoSegmentsCarryIdK) {
     const std::span<const uint8_t> body(buf, static_cast<size_t>(n) - 4);
     EXPECT_EQ(wire::icrc_for_udp(a->ep(), dst, body, static_cast<uint16_t>(k)), wire::load_icrc(buf + n - 4))
         << "segment " << k;
-    EXPECT_EQ(wire::icrc_check_any_id(a->ep(), dst, body, wire::load_icrc(buf + n - 4), 0, 63), static_cast<int>(k));
+    EXPECT_EQ(wire::icrc_check_any_id(a->ep(), dst, body, wire::load_icrc(buf + n - 4), 63),
+              static_cast<int>(k));
   }
   close(fd);
 }

@@ -217,5 +217,36 @@ TEST(Icrc, InPlaceCheckFindsTheId) {
   EXPECT_EQ(icrc_check_any_id(src, dst, std::span<uint8_t>(pkt), icrc, 64, 63), -1);
 }
 
+// Any of the 65,536 IDs is found when max_id allows it (as rxe numbers its packets), at lengths of every
+// residue the per-length table is kept by, and a packet with a bit flipped never passes as its own ID.
+TEST(Icrc, AnyIdIsSolvedFor) {
+  const Endpoint src = endpoint("198.18.0.1", 49458), dst = endpoint("198.18.0.2", 4791);
+  int refused = 0, flipped = 0;
+  for (uint32_t payload : {0u, 4u, 100u, 117u, 1024u, 1029u, 4096u}) {
+    auto pkt = make_bth_to_pad(0x0A, payload);
+    for (uint32_t id : {1u, 63u, 64u, 0x06DAu, 0x8000u, 0xA967u, 0xFFFFu}) {
+      SCOPED_TRACE(testing::Message() << "payload " << payload << " id " << id);
+      const auto id16 = static_cast<uint16_t>(id);
+      const uint32_t icrc = icrc_for_udp(src, dst, std::span<const uint8_t>(pkt), id16);
+      EXPECT_EQ(icrc_check_any_id(src, dst, std::span<const uint8_t>(pkt), icrc, 0xFFFF),
+                static_cast<int>(id));
+      EXPECT_EQ(icrc_check_any_id(src, dst, std::span<uint8_t>(pkt), icrc, 0, 0xFFFF), static_cast<int>(id));
+      EXPECT_EQ(icrc_check_any_id(src, dst, std::span<const uint8_t>(pkt), icrc, 63),
+                id <= 63 ? static_cast<int>(id) : -1);
+      EXPECT_EQ(icrc_check_any_id(src, dst, std::span<const uint8_t>(pkt), icrc, id16 - 1), -1);
+      for (size_t at : {size_t{2}, size_t{9}, pkt.size() - 1}) {
+        pkt[at] ^= 0x10;
+        const int got = icrc_check_any_id(src, dst, std::span<const uint8_t>(pkt), icrc, 0xFFFF);
+        EXPECT_NE(got, static_cast<int>(id));
+        refused += got < 0;
+        ++flipped;
+        pkt[at] ^= 0x10;
+      }
+    }
+  }
+  // A corrupt packet passes as some other ID with odds of 2^-16: none of these.
+  EXPECT_EQ(refused, flipped);
+}
+
 }  // namespace
 }  // namespace softrdma::wire

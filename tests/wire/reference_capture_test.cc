@@ -115,6 +115,22 @@ TEST_F(ReferenceCapture, IcrcForUdpMatchesCapturedHeaderWithIdZero) {
   }
 }
 
+// What softrdma receives of rxe's packets at the standard port: the UDP payload, not the IP header. The
+// ICRC check finds each packet's IP ID (rxe numbers them per destination, none of them 0..63) from the
+// ICRC alone, and refuses them where only softrdma's own IDs (0..63) are allowed.
+TEST_F(ReferenceCapture, TheIcrcCheckFindsRxesIpIds) {
+  for (const auto& [frame, p] : packets_) {
+    const uint16_t id = load_be16(&p.ip_to_pad[4]);
+    const uint32_t icrc = load_icrc(p.icrc.data());
+    EXPECT_EQ(icrc_check_any_id(p.src, p.dst, p.bth_to_pad, icrc, 0xFFFF), id) << "CAP " << frame;
+    auto b = bytes(p.bth_to_pad);
+    EXPECT_EQ(icrc_check_any_id(p.src, p.dst, std::span<uint8_t>(b), icrc, 0, 0xFFFF), id) << "CAP " << frame;
+    EXPECT_EQ(b, bytes(p.bth_to_pad)) << "CAP " << frame;
+    EXPECT_EQ(icrc_check_any_id(p.src, p.dst, p.bth_to_pad, icrc, 63), id <= 63 ? int{id} : -1)
+        << "CAP " << frame;
+  }
+}
+
 TEST_F(ReferenceCapture, IbtaVectorCap28) {
   const auto& frame = file_->frames.at(27).data;
   const auto p = testutil::decode_roce(frame);

@@ -42,6 +42,20 @@ bool direct_stream_min_by_env(uint32_t& out) {
   out = static_cast<uint32_t>(n);
   return true;
 }
+
+// SOFTRDMA_STANDARD_PORT: 1 binds every QP of the context at UDP 4791 (RoCEv2's standard port, where
+// kernel Soft-RoCE and RoCE NICs send), 0 or unset leaves it to OpenOptions. False, said on stderr, when
+// malformed.
+bool standard_port_by_env(bool& out) {
+  const char* v = getenv("SOFTRDMA_STANDARD_PORT");
+  if (v == nullptr) return true;
+  if ((v[0] != '0' && v[0] != '1') || v[1] != '\0') {
+    std::fprintf(stderr, "softrdma: SOFTRDMA_STANDARD_PORT=%s: want 1 (UDP 4791) or 0\n", v);
+    return false;
+  }
+  out = out || v[0] == '1';
+  return true;
+}
 }  // namespace
 
 std::vector<DeviceInfo> list_devices() {
@@ -78,6 +92,8 @@ Result<std::unique_ptr<Context>> Context::open(std::string_view name, const Open
   if (!dev) return std::unexpected(ENODEV);
   uint32_t stream_min = core::ContextConfig{}.direct_stream_min;
   if (!direct_stream_min_by_env(stream_min)) return std::unexpected(EINVAL);
+  bool standard_port = opt.standard_port;
+  if (!standard_port_by_env(standard_port)) return std::unexpected(EINVAL);
   if (opt.gid_index < 0 || static_cast<size_t>(opt.gid_index) >= dev->gids.size()) return std::unexpected(EINVAL);
   auto impl = std::make_unique<Impl>();
   impl->device = to_public(*dev);
@@ -106,7 +122,7 @@ Result<std::unique_ptr<Context>> Context::open(std::string_view name, const Open
   cfg.direct_stream_min = stream_min;
   cfg.device_name = dev->name;
   cfg.active_mtu = dev->active_mtu_bytes;
-  cfg.standard_port = opt.standard_port;
+  cfg.standard_port = standard_port;
   impl->ctx = std::make_unique<core::Context>(impl->backend.get(), counters, cfg);
   impl->progress = std::make_unique<engine::Progress>(impl->ctx.get());
   if (int err = impl->progress->start()) return std::unexpected(err);

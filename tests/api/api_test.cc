@@ -15,6 +15,7 @@
 
 #include "softrdma/connect.h"
 #include "softrdma/softrdma.h"
+#include "util/env.h"
 #include "util/sanitizer.h"
 #include "util/wr.h"
 
@@ -524,6 +525,36 @@ TEST(Api, StandardPortOverUdp) {
   auto c = pd2->create_qp(init);
   ASSERT_FALSE(c);
   EXPECT_EQ(c.error(), EADDRINUSE);
+}
+
+// SOFTRDMA_STANDARD_PORT=1 is the same mode for programs that cannot pass OpenOptions (libibverbs); 0 is
+// the default; anything else makes the device fail to open.
+TEST(Api, StandardPortBySetting) {
+  for (const char* bad : {"", "2", "yes", "1 "}) {
+    SCOPED_TRACE(bad);
+    testutil::ScopedEnv set("SOFTRDMA_STANDARD_PORT", bad);
+    auto ctx = Context::open("sr_lo");
+    ASSERT_FALSE(ctx.has_value());
+    EXPECT_EQ(ctx.error(), EINVAL);
+  }
+  for (const char* v : {"0", "1"}) {
+    SCOPED_TRACE(v);
+    testutil::ScopedEnv set("SOFTRDMA_STANDARD_PORT", v);
+    auto ctx = Context::open("sr_lo");
+    ASSERT_TRUE(ctx) << ctx.error();
+    auto pd = *(*ctx)->alloc_pd();
+    auto cq = *(*ctx)->create_cq(4);
+    QpInit init;
+    init.send_cq = init.recv_cq = cq.get();
+    auto qp = pd->create_qp(init);
+    if (!qp && qp.error() == EADDRINUSE && v[0] == '1')
+      GTEST_SKIP() << "UDP 4791 on 127.0.0.1 is taken on this host";
+    ASSERT_TRUE(qp) << qp.error();
+    if (v[0] == '1')
+      EXPECT_EQ((*qp)->core()->port(), 4791);
+    else
+      EXPECT_NE((*qp)->core()->port(), 4791);
+  }
 }
 
 }  // namespace

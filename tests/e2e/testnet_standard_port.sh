@@ -31,6 +31,13 @@ PP=(ibv_rc_pingpong -d sr_eth0 -g 1 -p "$TCP_PORT" -n 20)
 counter() {
   "$CLI" stats --pid "$PP_PID" sr_eth0 | awk -v c="$1" '$1 == c {print $2}'
 }
+# wait_rx N: until the server's rx_packets grew by N since $before (5 s at most).
+wait_rx() {
+  for _ in $(seq 100); do
+    (( $(counter rx_packets) - before >= $1 )) && return 0
+    sleep 0.05
+  done
+}
 
 "$TESTNET" exec h1 timeout 60 "${ENVS[@]}" "${PP[@]}" >"$WORK/server.out" 2>&1 &
 SERVER_PID=$!
@@ -46,20 +53,14 @@ bad_before=$(counter drop_bad_icrc)
 "$TESTNET" exec h2 /usr/bin/python3 "$HERE/rxe_replay.py" "$PCAP" 198.18.0.2 198.18.0.1 | tee "$WORK/replay.out"
 sent=$(sed -n 's/^sent \([0-9]*\) packets.*/\1/p' "$WORK/replay.out")
 fail=0
-for _ in $(seq 100); do
-  (( $(counter rx_packets) - before >= sent )) && break
-  sleep 0.05
-done
+wait_rx "$sent"
 got=$(( $(counter rx_packets) - before ))
 bad=$(( $(counter drop_bad_icrc) - bad_before ))
 echo "rxe's packets: sent $sent, passed the ICRC check $got, dropped as bad ICRC $bad"
 [[ $got -eq $sent && $bad -eq 0 ]] || { echo "FAIL: every one of rxe's packets must pass the ICRC check"; fail=1; }
 
 "$TESTNET" exec h2 /usr/bin/python3 "$HERE/rxe_replay.py" "$PCAP" 198.18.0.2 198.18.0.1 --corrupt 7 >/dev/null
-for _ in $(seq 100); do
-  (( $(counter rx_packets) - before >= 2 * sent - 1 )) && break
-  sleep 0.05
-done
+wait_rx $((2 * sent - 1))
 got2=$(( $(counter rx_packets) - before - got ))
 bad=$(( $(counter drop_bad_icrc) - bad_before ))
 echo "again with one bit flipped in one: passed $got2, dropped as bad ICRC $bad"

@@ -144,10 +144,6 @@ struct UdpIo::Socket {
   }
   int fd = -1;
   uint16_t port = 0;
-  // The highest IPv4 ID whose ICRC a packet may carry (wire::icrc_check_any_id): softrdma's peers send
-  // IDs 0 .. kMaxGsoSegments - 1, but at the standard port a RoCE peer may be Linux's rxe, which numbers
-  // its packets (the reference capture's IDs run 0x06da.., 0xa967..), so any ID goes there.
-  uint16_t max_ip_id = 0;
   // The last recvmmsg's messages not yet all handed out (a coalesced one holds many packets).
   uint32_t n_msgs = 0, next_msg = 0, next_off = 0;
   uint32_t filled = 0;  // messages the last recvmmsg filled (their lengths and flags need setting back)
@@ -343,7 +339,6 @@ std::expected<uint16_t, int> UdpIo::open_port(uint16_t port) {
 
   s->fd = fd;
   s->port = bound_port;
-  s->max_ip_id = bound_port == wire::kRoceV2Port ? uint16_t{0xFFFF} : uint16_t{kMaxGsoSegments - 1};
   for (uint32_t i = 0; i < kRxBatch; ++i) {
     s->iov[i] = iovec{s->bufs + size_t{i} * kRxBufSize, kRxBufSize};
     msghdr& h = s->msgs[i].msg_hdr;
@@ -883,9 +878,11 @@ uint32_t UdpIo::recv_socket(Socket& s, RxPacket* out, uint32_t room, uint64_t no
     if (faults_) faults_->maybe_corrupt(data, seg_len);
     // A socket does not show the IPv4 ID the ICRC covers: 0 for a plain send, k for the k-th segment of a
     // GSO send (likely `index` in a coalesced run; anything up to the most segments a sender puts in one
-    // send when the segments arrive one by one), any at the standard port (Socket::max_ip_id).
+    // send when the segments arrive one by one). At the standard port any ID: a RoCE peer there may be
+    // Linux's rxe, which numbers its packets (the reference capture's IDs run 0x06da.., 0xa967..).
+    const uint16_t max_id = s.port == wire::kRoceV2Port ? uint16_t{0xFFFF} : uint16_t{kMaxGsoSegments - 1};
     if (wire::icrc_check_any_id(p.src, p.dst, std::span<uint8_t>(data, body), wire::load_icrc(data + body),
-                                index, s.max_ip_id) < 0) {
+                                index, max_id) < 0) {
       ++bad_icrc;
       continue;
     }
